@@ -1,0 +1,140 @@
+"""The aiohttp application and `serve`, which runs it until a signal or a test says stop.
+
+Long-lived things live in cleanup contexts (created at start-up, closed at shutdown in reverse
+order) and are reached through the `STATE` app key; nothing is global, so two apps can run in one
+test process, each with its own Prometheus registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from proxy import admin, handlers
+from proxy.collectors import PoolCollector
+from proxy.forward import Timeouts
+from proxy.metrics import ProxyMetrics
+from proxy.middlewares import auth_middleware, error_middleware
+from proxy.pool import BackendPool
+from proxy.router import Router
+from proxy.settings import Settings, backend_specs
+from proxy.state import STATE, ModelCatalog, ProxyState
+from supervisor.backend import Backend
+from supervisor.pool import Supervisor
+from supervisor.states import BackendState
+
+log = structlog.get_logger("proxy")
+
+ShutdownTrigger = Callable[[], Awaitable[object]]
+
+
+def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Application:
+    server = settings.server
+    pool = BackendPool()
+    state = ProxyState(
+        settings=settings,
+        registry=registry,
+        metrics=ProxyMetrics(registry),
+        pool=pool,
+        models=ModelCatalog(settings.models),
+        router=Router(settings.routing, pool),
+        timeouts=Timeouts(
+            server.connect_timeout_s, server.first_byte_timeout_s, server.idle_timeout_s
+        ),
+    )
+    app = web.Application(
+        client_max_size=server.max_body_bytes, middlewares=[error_middleware, auth_middleware]
+    )
+    app[STATE] = state
+    registry.register(PoolCollector(state))
+    _add_routes(app)
+    app.cleanup_ctx.append(_upstream_session)
+    app.cleanup_ctx.append(_backend_pool)
+    return app
+
+
+def _add_routes(app: web.Application) -> None:
+    for path, api in handlers.API_PATHS.items():
+        app.router.add_post(path, handlers.generation_handler(api))
+    app.router.add_get("/v1/models", handlers.list_models)
+    app.router.add_get("/models", handlers.list_models)
+    app.router.add_get("/health", handlers.health)
+    app.router.add_get("/metrics", handlers.metrics)
+    admin.add_routes(app)
+
+
+async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
+    # One pooled session for every backend: keep-alive connections, no per-host cap (the
+    # policy and the backends' slots bound concurrency, not the connector).
+    connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        app[STATE].session = session
+        yield
+        app[STATE].session = None
+
+
+async def _backend_pool(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    specs = backend_specs(state.settings)
+    for spec in specs:
+        state.pool.update(spec, state=BackendState.STARTING, base_url=None)
+
+    def on_change(backend: Backend) -> None:
+        state.pool.update(backend.spec, backend.state, backend.base_url)
+
+    supervisor = Supervisor(
+        specs, state.settings.supervisor, on_change=on_change, in_flight=state.pool.in_flight
+    )
+    state.supervisor = supervisor
+    await supervisor.start()
+    try:
+        yield
+    finally:
+        await supervisor.stop()
+
+
+async def serve(
+    settings: Settings,
+    *,
+    shutdown_trigger: ShutdownTrigger | None = None,
+    registry: CollectorRegistry | None = None,
+    on_listening: Callable[[int], None] | None = None,
+) -> None:
+    """Run the proxy until `shutdown_trigger` completes (default: SIGTERM or SIGINT)."""
+    app = create_app(settings, registry=registry or CollectorRegistry())
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=4096)
+        await site.start()
+        port = _bound_port(runner)
+        log.info("listening", host=settings.server.host, port=port)
+        if on_listening is not None:
+            on_listening(port)
+        await (shutdown_trigger or _termination_signal)()
+        log.info("shutting_down")
+    finally:
+        await runner.cleanup()
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    address = runner.addresses[0]
+    return int(address[1])
+
+
+async def _termination_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,93 @@
+"""`mtp-proxy` command line: serve, check-config, status."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from proxy.settings import ConfigError, Settings, backend_specs, load_settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    command: str = args.command
+    if command == "check-config":
+        return _check_config(Path(args.path))
+    if command == "status":
+        from proxy.status import print_status
+
+        status: int = print_status(args.url, args.admin_key)
+        return status
+    return _serve(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mtp-proxy", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the proxy and its backend pool")
+    serve.add_argument("--config", type=Path, help="TOML file (default: the embedded demo pool)")
+    serve.add_argument("--host", help="listen address (default from config: 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default from config: 8080)")
+    check = commands.add_parser("check-config", help="validate a config file and summarise it")
+    check.add_argument("path")
+    status = commands.add_parser("status", help="show backends and the learned routing table")
+    status.add_argument("--url", default="http://127.0.0.1:8080")
+    status.add_argument("--admin-key", default=None, help="or set MTP_PROXY_ADMIN_KEY")
+    return parser
+
+
+def _load_or_exit(path: Path | None) -> Settings:
+    try:
+        return load_settings(path)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _check_config(path: Path) -> int:
+    settings = _load_or_exit(path)
+    try:
+        specs = backend_specs(settings)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"invalid configuration {path}:\n  - {exc}", file=sys.stderr)
+        return 2
+    print(f"{path}: OK")
+    print(f"listen: {settings.server.host}:{settings.server.port}")
+    for model in settings.models:
+        aliases = f" (aliases: {', '.join(model.aliases)})" if model.aliases else ""
+        print(f"model {model.name}{aliases}: {len(model.profiles)} profile(s)")
+        for spec in (s for s in specs if s.model == model.name):
+            target = spec.url or " ".join([*spec.argv, "--host", "127.0.0.1", "--port", "<free>"])
+            print(f"  {spec.name}: {target}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from proxy.app import serve
+    from proxy.logs import configure_logging
+
+    settings = _load_or_exit(args.config)
+    if args.host is not None:
+        settings.server.host = args.host
+    if args.port is not None:
+        settings.server.port = args.port
+    configure_logging(settings.log.level, settings.log.format)
+    _run(serve(settings))
+    return 0
+
+
+def _run(main_coroutine: object) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        asyncio.run(main_coroutine)  # type: ignore[arg-type]
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main_coroutine)  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

