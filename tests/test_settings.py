@@ -1,0 +1,98 @@
+"""Settings: TOML loading, environment overrides, readable errors, check-config."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.settings import ConfigError, backend_specs, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_embedded_default_is_the_simulated_demo_pool() -> None:
+    settings = load_settings(None)
+    assert (settings.server.host, settings.server.port) == ("127.0.0.1", 8080)
+    specs = backend_specs(settings)
+    assert [s.name for s in specs] == ["mtp-demo/off", "mtp-demo/min", "mtp-demo/max"]
+    off, low, high = (list(s.argv) for s in specs)
+    assert off[1:3] == ["-m", "simulator"]
+    assert "--spec-type" not in off
+    assert low[low.index("--spec-draft-n-max") + 1] == "2"
+    assert low[low.index("--spec-draft-n-min") + 1] == "1"
+    assert high[high.index("--spec-draft-n-max") + 1] == "3"
+    assert all(argv.count("--metrics") == 1 for argv in (off, low, high))
+
+
+def test_documented_config_loads() -> None:
+    settings = load_settings(ROOT / "config.toml")
+    assert settings.models[0].name == "mtp-demo"
+    assert settings.models[0].aliases == ["demo"]
+
+
+def test_environment_overrides_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MTP_PROXY_SERVER__PORT", "9123")
+    monkeypatch.setenv("MTP_PROXY_SERVER__ADMIN_KEY", "s3cret")
+    settings = load_settings(ROOT / "config.toml")
+    assert settings.server.port == 9123
+    assert settings.server.admin_key is not None
+    assert settings.server.admin_key.get_secret_value() == "s3cret"
+    assert "s3cret" not in repr(settings)
+
+
+def test_missing_file_is_an_error_not_silent_defaults(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(tmp_path / "nope.toml")
+    assert caught.value.problems == ["file not found"]
+
+
+def test_every_problem_is_listed(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        '[server]\nport = "high"\nbogus = 1\n'
+        '[[models]]\nname = "m"\nbackend = "simulator"\n'
+        '[[models.profiles]]\nname = "a"\ndraft_n_max = 3\n'
+        '[[models]]\nname = "n"\nbackend = "simulator"\n'
+        '[[models.profiles]]\nname = "b"\n[[models.profiles]]\nname = "b"\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path)
+    text = caught.value.render()
+    assert "server.port" in text
+    assert "server.bogus" in text
+    assert "models.0.profiles.0: Value error, speculation is off but n_max is set" in text
+    assert "models.1.profiles: Value error, duplicate profile names: b" in text
+
+
+def test_check_config_prints_each_backend_command_line() -> None:
+    result = run_cli("check-config", str(ROOT / "config.toml"))
+    assert result.returncode == 0, result.stderr
+    assert "model mtp-demo (aliases: demo): 3 profile(s)" in result.stdout
+    max_line = next(line for line in result.stdout.splitlines() if "mtp-demo/max:" in line)
+    assert "--spec-type draft-mtp --spec-draft-n-max 3 --metrics" in max_line
+
+
+def test_check_config_exits_2_listing_problems(tmp_path: Path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text("[server]\nport = -1\n")
+    result = run_cli("check-config", str(path))
+    assert result.returncode == 2
+    assert "server.port" in result.stderr
+    assert "models: Field required" in result.stderr
+
+
+def test_toml_syntax_error_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "syntax.toml"
+    path.write_text("[server\n")
+    result = run_cli("check-config", str(path))
+    assert result.returncode == 2
+    assert "TOML syntax" in result.stderr
