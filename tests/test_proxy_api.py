@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.harness import ProxyProcess, proxy_config, simulator_model, start_proxy
+from tests.harness import ADMIN_KEY, ProxyProcess, proxy_config, simulator_model, start_proxy
 
 CHAT = [{"role": "user", "content": "Say hello in one short sentence."}]
 
@@ -86,7 +86,7 @@ async def test_final_sse_chunk_carries_timings(demo_proxy: ProxyProcess) -> None
 
 
 async def backend_slots(session: aiohttp.ClientSession, proxy: ProxyProcess, name: str) -> Any:
-    backends = proxy.get_json("/admin/backends", admin=True)[1]["backends"]
+    backends = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)[1]["backends"]
     port = next(b["port"] for b in backends if b["name"] == name)
     async with session.get(f"http://127.0.0.1:{port}/slots") as response:
         return await response.json()
@@ -187,7 +187,10 @@ async def test_no_ready_backend_is_503_with_retry_after(tmp_path: Path) -> None:
         assert status == 503
         assert health["ready_backends"] == {"mtp-demo": 0}
         async with aiohttp.ClientSession() as session:
-            for path, dialect in (("/v1/chat/completions", "openai"), ("/v1/messages", "anthropic")):
+            for path, dialect in (
+                ("/v1/chat/completions", "openai"),
+                ("/v1/messages", "anthropic"),
+            ):
                 body = {"model": "mtp-demo", "messages": CHAT, "max_tokens": 4}
                 async with session.post(proxy.url + path, json=body) as response:
                     assert response.status == 503

@@ -1,0 +1,44 @@
+"""One /health check of a backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import aiohttp
+
+
+@dataclass(frozen=True)
+class Probe:
+    ok: bool  # 200: ready to serve
+    detail: str  # what was seen, for logs and state reasons
+
+
+async def probe_health(session: aiohttp.ClientSession, base_url: str, timeout_s: float) -> Probe:
+    """GET {base_url}/health. llama-server: refused, then 503 "Loading model", then 200."""
+    try:
+        async with session.get(
+            f"{base_url.rstrip('/')}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as response:
+            if response.status == 200:
+                return Probe(ok=True, detail="200")
+            text = await response.text(errors="replace")
+            return Probe(ok=False, detail=f"{response.status} {_message(text)}")
+    except TimeoutError:
+        return Probe(ok=False, detail=f"no answer within {timeout_s:g}s")
+    except aiohttp.ClientConnectorError as exc:
+        return Probe(ok=False, detail=f"cannot connect: {exc.os_error.strerror or exc}")
+    except (aiohttp.ClientError, asyncio.IncompleteReadError, OSError) as exc:
+        return Probe(ok=False, detail=f"{type(exc).__name__}: {exc}")
+
+
+def _message(text: str) -> str:
+    """llama-server: {"error": {"message": "Loading model", ...}}; show the message, not JSON."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()[:200]
+    error = data.get("error") if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else text.strip()[:200]
