@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -22,8 +23,11 @@ from proxy.forward import (
 )
 from proxy.router import Route
 from proxy.state import ProxyState
+from proxy.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
 
 _RETRY_AFTER_S = 2.0
+# Answers without per-request draft counts: acceptance comes from the backend's /metrics.
+_NO_TIMINGS = frozenset({"messages", "responses"})
 
 
 class Exchange:
@@ -39,9 +43,10 @@ class Exchange:
         log: FilteringBoundLogger,
     ) -> None:
         self.state, self.request, self.api, self.model = state, request, api, model
-        self.raw, self.body, self.received, self.log = raw, body, received, log
+        self.raw, self.received, self.log = raw, received, log
         self.dialect = "anthropic" if api == "messages" else "openai"
         self.features = state.router.features(api, model, body, request.headers)
+        self.sink: StreamTelemetry | None = None
 
     async def run(self) -> web.StreamResponse:
         tried: set[str] = set()
@@ -49,6 +54,7 @@ class Exchange:
             route = self.state.router.route(self.model, self.features, exclude=tried)
             if route is None:
                 break
+            self.state.metrics.decisions.labels(self.model, route.reason, route.profile).inc()
             try:
                 return await self._attempt(route)
             except UpstreamUnavailable as exc:
@@ -64,7 +70,7 @@ class Exchange:
             if tried
             else f"no backend of model {self.model!r} is ready; retry shortly"
         )
-        self._count("none", "-", status)
+        self._count("none", "none", status)
         self.log.info("request", model=self.model, status=status, error=message)
         return error_response(self.dialect, status, message, retry_after=_RETRY_AFTER_S)  # type: ignore[arg-type]
 
@@ -76,11 +82,13 @@ class Exchange:
         )
         url = f"{backend.base_url}{self.request.path_qs}"
         with state.pool.lease(backend):
-            state.metrics.overhead.labels(self.api).observe(time.perf_counter() - self.received)
+            sequence = backend.started_total
+            sent_at = time.perf_counter()
+            state.metrics.overhead.labels(self.api).observe(sent_at - self.received)
             response = await open_upstream(state.client(), url, self.raw, headers, state.timeouts)
             async with response:
                 out, relayed = await self._relay(response, route)
-        self._record(route, relayed)
+        self._record(route, relayed, sent_at, sequence)
         return out
 
     async def _relay(
@@ -97,30 +105,93 @@ class Exchange:
             return await relay_stream(
                 self.request, response, extra, api=self.api, sink=self.sink, idle_s=idle
             )
-        self.sink = None
         return await relay_body(response, extra, idle)
 
-    def _record(self, route: Route, relayed: Relayed) -> None:
-        elapsed = time.perf_counter() - self.received
-        summary = self.state.router.record(
-            route, self.features, relayed, self.sink, received=self.received, elapsed=elapsed
-        )
+    def _record(self, route: Route, relayed: Relayed, sent_at: float, sequence: int) -> None:
+        done_at = time.perf_counter()
+        state = self.state
+        usage = state.router.usage(self.api, relayed, self.sink, done_at)
+        if relayed.status == 200 and self.api in _NO_TIMINGS and not usage.has_timings:
+            # Reading /metrics takes a round trip: do it after the answer went out.
+            task = asyncio.get_running_loop().create_task(
+                self._observe_with_counters(route, usage, sent_at, done_at, sequence)
+            )
+            state.background.add(task)
+            task.add_done_callback(state.background.discard)
+            observation = None
+        elif relayed.status == 200:
+            observation = self._observe(route, usage, sent_at, done_at)
+        else:
+            observation = None
+        self._count(route.profile, route.class_label, relayed.status)
+        elapsed = done_at - self.received
+        state.metrics.latency.labels(self.model, self.api, route.profile).observe(elapsed)
+        if relayed.first_chunk_at is not None:
+            ttft = relayed.first_chunk_at - self.received
+            state.metrics.ttft.labels(self.model, self.api, route.profile).observe(ttft)
         if relayed.upstream_error:
-            self.state.metrics.upstream_failures.labels(self.model, route.profile).inc()
-        self._count(route.profile, route.request_class, relayed.status)
-        self.state.metrics.latency.labels(self.model, self.api, route.profile).observe(elapsed)
+            state.metrics.upstream_failures.labels(self.model, route.profile).inc()
+        self._log(route, relayed, elapsed, usage, observation)
+
+    async def _observe_with_counters(
+        self, route: Route, usage: ParsedUsage, sent_at: float, done_at: float, sequence: int
+    ) -> None:
+        delta = await self.state.spec_counters.delta_after(
+            self.state.client(), route.backend, sequence
+        )
+        self._observe(route, usage, sent_at, done_at, delta)
+
+    def _observe(
+        self,
+        route: Route,
+        usage: ParsedUsage,
+        sent_at: float,
+        done_at: float,
+        spec_delta: SpecCounters | None = None,
+    ) -> Observation:
+        observation = self.state.router.observe(
+            route, self.features, usage, sent_at=sent_at, done_at=done_at, spec_delta=spec_delta
+        )
+        self.state.metrics.record_observation(self.model, route.profile, observation)
+        return observation
+
+    def _log(
+        self,
+        route: Route,
+        relayed: Relayed,
+        elapsed: float,
+        usage: ParsedUsage,
+        observation: Observation | None,
+    ) -> None:
+        fields: dict[str, Any] = {}
+        if observation is not None:
+            fields = {
+                "context_tokens": observation.context_tokens,
+                "cached_tokens": observation.cached_tokens,
+                "output_tokens": observation.output_tokens,
+                "draft_n": observation.draft_n,
+                "draft_accepted": observation.draft_n_accepted,
+                "acceptance": observation.acceptance,
+                "decode_tok_s": observation.decode_tok_s,
+                "ttft_s": observation.ttft_s,
+            }
+        else:
+            fields = {"output_tokens": usage.output_tokens or usage.predicted_n}
         self.log.info(
             "request",
             model=self.model,
             profile=route.profile,
             backend=route.backend.name,
-            request_class=route.request_class,
+            request_class=route.class_label,
             reason=route.reason,
+            detail=route.detail,
             status=relayed.status,
             stream=relayed.streamed,
             duration_s=round(elapsed, 4),
             upstream_error=relayed.upstream_error,
-            **summary,
+            est_prompt_tokens=self.features.est_prompt_tokens,
+            kind=self.features.kind,
+            **fields,
         )
 
     def _count(self, profile: str, request_class: str, status: int) -> None:

@@ -7,7 +7,7 @@ with an error event in the stream's own format: never a silently truncated strea
 
 from __future__ import annotations
 
-import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -47,7 +47,7 @@ class UpstreamUnavailable(Exception):
 
 
 class ChunkSink(Protocol):
-    def feed(self, chunk: bytes) -> None: ...
+    def feed(self, chunk: bytes, now: float | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,6 @@ async def relay_stream(
     idle_s: float,
 ) -> tuple[web.StreamResponse, Relayed]:
     """Relay an SSE stream chunk by chunk, flushing each one; end with an error event on failure."""
-    loop = asyncio.get_running_loop()
     out = web.StreamResponse(
         status=response.status, headers=client_headers(response.headers, headers)
     )
@@ -152,12 +151,12 @@ async def relay_stream(
             break
         if not chunk:
             break
-        now = loop.time()
+        now = time.perf_counter()
         if relayed.first_chunk_at is None:
             relayed.first_chunk_at = now
         relayed.last_chunk_at = now
         relayed.chunks += 1
-        sink.feed(chunk)
+        sink.feed(chunk, now)
         await out.write(chunk)
     await out.write_eof()
     return out, relayed

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from proxy.telemetry import Observation
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 _SPEED_BUCKETS = (5, 10, 20, 30, 40, 50, 60, 80, 100, 150, 200, 400, 1000, 4000)
@@ -118,3 +120,21 @@ class ProxyMetrics:
             ["model"],
             registry=registry,
         )
+
+    def record_observation(self, model: str, profile: str, observation: Observation) -> None:
+        """Token, speed and acceptance series of one served request."""
+        label = observation.request_class.label
+        if observation.output_tokens:
+            self.output_tokens.labels(model, profile).inc(observation.output_tokens)
+        if observation.decode_tok_s:
+            self.decode_speed.labels(profile, label).observe(observation.decode_tok_s)
+        drafted, accepted = observation.draft_n, observation.draft_n_accepted
+        if drafted and accepted is not None:
+            self.draft_tokens.labels(profile, label).inc(drafted)
+            self.accepted_tokens.labels(profile, label).inc(accepted)
+            self.acceptance.labels(profile, label).observe(accepted / drafted)
+        context = observation.context_tokens
+        if context:
+            self.context_tokens.labels(model, profile).observe(context)
+            cached = observation.cached_tokens or 0
+            self.cached_ratio.labels(model, profile).observe(cached / context)

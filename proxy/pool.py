@@ -26,6 +26,7 @@ class BackendSlot:
     state: BackendState = BackendState.STARTING
     in_flight: int = 0
     slots: int = 1
+    started_total: int = 0  # requests ever sent; tells whether a request ran alone
 
     @property
     def ready(self) -> bool:
@@ -69,6 +70,7 @@ class BackendPool:
     def lease(self, slot: BackendSlot) -> Iterator[BackendSlot]:
         """Count a request against `slot` for as long as it is being served."""
         slot.in_flight += 1
+        slot.started_total += 1
         try:
             yield slot
         finally:

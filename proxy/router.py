@@ -1,14 +1,33 @@
-"""Routing glue (interim): least in-flight among ready backends. Replaced by the adaptive policy."""
+"""Routing glue: features in, a backend out; telemetry in, learned statistics out.
+
+The decision itself is `policy.decide` (pure). This module owns the state around it: the learned
+statistics, session affinity (session key -> backend that holds its prefix cache), the routing
+mix, and turning a finished relay into an observation.
+"""
 
 from __future__ import annotations
 
+import random
+import time
+from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.features import Api, RequestFeatures, extract_features
 from proxy.forward import Relayed
+from proxy.policy import Candidate, decide
 from proxy.pool import BackendPool, BackendSlot
 from proxy.routing_settings import RoutingSettings
+from proxy.stats import LearnedStats, RequestClass, classify
+from proxy.telemetry import (
+    Observation,
+    ParsedUsage,
+    SpecCounters,
+    StreamTelemetry,
+    make_observation,
+    parse_body,
+)
 
 
 @dataclass(frozen=True)
@@ -16,7 +35,12 @@ class Route:
     backend: BackendSlot
     profile: str
     reason: str
-    request_class: str
+    detail: str
+    request_class: RequestClass
+
+    @property
+    def class_label(self) -> str:
+        return self.request_class.label
 
 
 @dataclass(frozen=True)
@@ -29,45 +53,136 @@ class LearnedRow:
     samples: float
 
 
-class _NullSink:
-    def feed(self, chunk: bytes) -> None:
-        pass
-
-
 class Router:
-    def __init__(self, settings: RoutingSettings, pool: BackendPool) -> None:
+    def __init__(
+        self,
+        settings: RoutingSettings,
+        pool: BackendPool,
+        stats: LearnedStats | None = None,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
         self.settings = settings
         self.pool = pool
+        self.stats = stats or LearnedStats(settings)
+        self._rng = rng or random.Random()
+        self._sessions: dict[str, tuple[str, float]] = {}  # key -> (backend, last used)
+        self.mix: Counter[tuple[str, str, str]] = Counter()  # (model, profile, reason)
 
     def features(
-        self, api: str, model: str, body: Mapping[str, Any], headers: Mapping[str, str]
-    ) -> None:
-        return None
+        self, api: Api, model: str, body: Mapping[str, Any], headers: Mapping[str, str]
+    ) -> RequestFeatures:
+        return extract_features(
+            api,
+            {**body, "model": model} if body.get("model") != model else body,
+            chars_per_token=self.stats.calibrator.chars_per_token(model),
+            session_header=headers.get(self.settings.session_header),
+            pin_header=headers.get(self.settings.pin_header),
+        )
 
-    def route(self, model: str, features: None, *, exclude: Collection[str]) -> Route | None:
-        ready = [b for b in self.pool.ready_of_model(model) if b.name not in exclude]
-        if not ready:
+    def route(
+        self, model: str, features: RequestFeatures, *, exclude: Collection[str]
+    ) -> Route | None:
+        holder = self._holder(features.session_key)
+        candidates = [
+            Candidate(b.name, b.profile, b.ready, b.in_flight, b.slots, b.name == holder)
+            for b in self.pool.of_model(model)
+            if b.name not in exclude
+        ]
+        decision = decide(
+            features, candidates, self.stats.for_model(model), self.settings, self._rng
+        )
+        if decision is None:
             return None
-        backend = min(ready, key=lambda b: b.in_flight)
-        return Route(backend, backend.profile, "fallback", "-")
+        backend = self.pool.get(decision.backend)
+        if backend is None:
+            return None
+        if features.session_key is not None:
+            self._sessions[features.session_key] = (backend.name, time.monotonic())
+        self.mix[(model, decision.profile, decision.reason)] += 1
+        cls = classify(features, self.settings)
+        return Route(backend, decision.profile, decision.reason, decision.detail, cls)
 
-    def stream_telemetry(self, api: str) -> _NullSink:
-        return _NullSink()
+    def _holder(self, session_key: str | None) -> str | None:
+        if session_key is None:
+            return None
+        entry = self._sessions.get(session_key)
+        if entry is None:
+            return None
+        name, last_used = entry
+        if time.monotonic() - last_used > self.settings.session_idle_ttl_s:
+            del self._sessions[session_key]
+            return None
+        return name
 
-    def record(
+    def forget_idle_sessions(self) -> int:
+        """Drop sessions idle past the TTL (bounded memory); returns how many went."""
+        cutoff = time.monotonic() - self.settings.session_idle_ttl_s
+        stale = [key for key, (_, used) in self._sessions.items() if used < cutoff]
+        for key in stale:
+            del self._sessions[key]
+        return len(stale)
+
+    def stream_telemetry(self, api: Api) -> StreamTelemetry:
+        return StreamTelemetry(api)
+
+    def usage(
+        self, api: Api, relayed: Relayed, sink: StreamTelemetry | None, now: float
+    ) -> ParsedUsage:
+        if relayed.streamed and sink is not None:
+            return sink.result(now)
+        return parse_body(api, relayed.body)
+
+    def observe(
         self,
         route: Route,
-        features: None,
-        relayed: Relayed,
-        sink: object,
+        features: RequestFeatures,
+        usage: ParsedUsage,
         *,
-        received: float,
-        elapsed: float,
-    ) -> dict[str, Any]:
-        return {}
+        sent_at: float,
+        done_at: float,
+        spec_delta: SpecCounters | None = None,
+    ) -> Observation:
+        observation = make_observation(
+            usage,
+            backend=route.backend.name,
+            profile=route.profile,
+            request_class=route.request_class,
+            sent_at=sent_at,
+            done_at=done_at,
+            spec_delta=spec_delta,
+        )
+        self.stats.observe(route.request_class, route.profile, observation, model=features.model)
+        if observation.context_tokens:
+            self.stats.calibrator.observe(features, observation.context_tokens)
+        return observation
 
     def learned_rows(self) -> list[LearnedRow]:
-        return []
+        return [
+            LearnedRow(
+                model=str(row["model"]),
+                request_class=str(row["class"]),
+                profile=str(row["profile"]),
+                decode_tok_s=_number(row["decode_tok_s"]),
+                acceptance=_number(row["acceptance"]),
+                samples=_number(row["weight"]),
+            )
+            for row in self.stats.table()
+        ]
 
     def snapshot(self) -> dict[str, Any]:
-        return {"classes": []}
+        mix = [
+            {"model": model, "profile": profile, "reason": reason, "count": count}
+            for (model, profile, reason), count in sorted(self.mix.items())
+        ]
+        learned = [{**row, "request_class": row["class"]} for row in self.stats.table()]
+        return {
+            "mix": mix,
+            "learned": learned,
+            "sessions": len(self._sessions),
+            "state": self.stats.load_report,
+        }
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else float("nan")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.pool import BackendPool
 from proxy.router import Router
 from proxy.settings import ModelSettings, Settings
+from proxy.spec_counters import SpecCounterTracker
 from supervisor.pool import Supervisor
 
 
@@ -47,8 +49,11 @@ class ProxyState:
     router: Router
     timeouts: Timeouts
     started_at: float = field(default_factory=time.time)
+    spec_counters: SpecCounterTracker = field(default_factory=SpecCounterTracker)
+    background: set[asyncio.Task[None]] = field(default_factory=set)
     session: aiohttp.ClientSession | None = None
     supervisor: Supervisor | None = None
+    notified_ready: bool = False
 
     def client(self) -> aiohttp.ClientSession:
         if self.session is None:

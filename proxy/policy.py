@@ -1,0 +1,338 @@
+"""The routing policy: features + backend states + learned statistics in, a decision out.
+
+Pure: no I/O, no clock, randomness only from the ``random.Random`` passed in. Order of rules:
+
+1. pin: ``X-MTP-Profile: off|min|max|<name>`` wins if a ready backend of that profile exists.
+2. affinity: a session stays on the backend holding its prefix cache unless the expected gain
+   elsewhere, counted over ``affinity_horizon_requests``, outweighs re-processing the prompt
+   (or, when the holder is busy, queueing there costs more than re-processing elsewhere).
+3. placement: with trusted estimates for two or more profiles of the (planned) class, the best
+   expected goodput = output tokens / (prefill + queue + decode time), load included; otherwise
+   the cold rules (short -> max, long code -> min, long prose -> off) with the break-even
+   acceptance guard. Agent-like new sessions are planned at ``agent_horizon_tokens``.
+4. exploration: at most ``exploration_rate`` of placements, Thompson sampling among the other
+   profiles (untried first); never for a session with a cache holder, never past
+   ``exploration_max_tokens``, and on long contexts never a profile known to be much worse.
+5. spill: a busy chosen backend (in_flight >= spill_threshold x slots) gives way to another
+   profile's free backend when that is expected to finish sooner.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from proxy.features import RequestFeatures
+from proxy.routing_settings import Role, RoutingSettings
+from proxy.stats import Estimate, RequestClass, classify_tokens
+
+Reason = Literal["pinned", "affinity", "learned", "explore", "rule", "spill", "fallback"]
+
+_FALLBACK_ORDER: dict[Role, tuple[Role, ...]] = {
+    "max": ("max", "min", "off"),
+    "min": ("min", "off", "max"),
+    "off": ("off", "min", "max"),
+}
+_MIN_SD_FRACTION = 0.05  # Thompson draws: floor of the decode-speed spread, relative
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One backend as the policy sees it (a snapshot the app builds per request)."""
+
+    name: str
+    profile: str
+    ready: bool
+    in_flight: int
+    slots: int
+    holds_session: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    backend: str
+    profile: str
+    reason: Reason
+    detail: str
+
+
+class StatsView(Protocol):
+    """What the policy reads from the learned statistics (LearnedStats implements it)."""
+
+    def view(self, cls: RequestClass) -> Mapping[str, Estimate]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Cost:
+    """Expected seconds of one request on one backend, by component."""
+
+    wait: float
+    prefill: float
+    decode: float
+
+    @property
+    def total(self) -> float:
+        return self.wait + self.prefill + self.decode
+
+
+class _Planner:
+    """Per-decision helpers over the ready candidates; lives for one decide() call."""
+
+    def __init__(
+        self,
+        features: RequestFeatures,
+        ready: Sequence[Candidate],
+        estimates: Mapping[str, Estimate],
+        settings: RoutingSettings,
+    ) -> None:
+        self.f = features
+        self.s = settings
+        self.est = estimates
+        self.groups: dict[str, list[Candidate]] = {}
+        for c in ready:
+            self.groups.setdefault(c.profile, []).append(c)
+        self.out = self._output_tokens()
+        self._best: dict[str, Candidate | None] = {}
+
+    def _output_tokens(self) -> float:
+        learned = [e.output_tokens for e in self.est.values() if e.trusted and e.output_tokens]
+        out = max(learned) if learned else float(self.s.prior_output_tokens)
+        if self.f.max_tokens is not None:
+            out = min(out, float(self.f.max_tokens))
+        return max(out, 1.0)
+
+    def trusted(self) -> dict[str, Estimate]:
+        return {p: e for p, e in self.est.items() if e.trusted and p in self.groups}
+
+    def busy(self, c: Candidate) -> bool:
+        return c.in_flight >= self.s.spill_threshold * max(c.slots, 1)
+
+    def best_backend(self, profile: str, *, exclude: str | None = None) -> Candidate | None:
+        """Least loaded backend of a profile (a session holder first)."""
+        if exclude is None and profile in self._best:
+            return self._best[profile]
+        group = [c for c in self.groups.get(profile, ()) if c.name != exclude]
+        best = min(group, key=_backend_order) if group else None
+        if exclude is None:
+            self._best[profile] = best
+        return best
+
+    def cost(self, c: Candidate) -> _Cost:
+        """Expected time of this request on ``c``: queue + prefill of uncached tokens + decode."""
+        e = self.est.get(c.profile)
+        decode = (e.decode_tok_s if e else None) or self.s.prior_decode_tok_s
+        prefill_rate = (e.prefill_tok_s if e else None) or self.s.prior_prefill_tok_s
+        n = c.in_flight
+        decode /= 1.0 + self.s.batch_slowdown * n
+        if self.s.is_speculative(c.profile):
+            decode /= 1.0 + self.s.spec_load_penalty * n  # the speculation gain shrinks
+        uncached = 0 if c.holds_session else self.f.est_prompt_tokens
+        service = uncached / prefill_rate + self.out / decode
+        slots = max(c.slots, 1)
+        wait = max(0, n - slots + 1) * service / slots
+        return _Cost(wait, uncached / prefill_rate, self.out / decode)
+
+    def acceptance_guarded(self, profile: str) -> bool:
+        """True if the learned acceptance of a speculative profile is below break-even."""
+        e = self.est.get(profile)
+        if e is None or not self.s.is_speculative(profile):
+            return False
+        acc = e.acceptance_trusted(self.s.min_samples)
+        return acc is not None and acc < self.s.break_even_acceptance
+
+
+def _load(c: Candidate) -> float:
+    return c.in_flight / max(c.slots, 1)
+
+
+def _backend_order(c: Candidate) -> tuple[bool, float, int, str]:
+    return (not c.holds_session, _load(c), c.in_flight, c.name)
+
+
+def _decision(c: Candidate, reason: Reason, detail: str) -> Decision:
+    return Decision(backend=c.name, profile=c.profile, reason=reason, detail=detail)
+
+
+def decide(
+    features: RequestFeatures,
+    candidates: Sequence[Candidate],
+    stats: StatsView,
+    settings: RoutingSettings,
+    rng: random.Random,
+) -> Decision | None:
+    """Pick a backend for one request; None when no candidate is ready (the app answers 503)."""
+    ready = [c for c in candidates if c.ready]
+    if not ready:
+        return None
+    note = ""
+    if features.pinned_profile:
+        target = settings.resolve_pin(features.pinned_profile)
+        group = [c for c in ready if c.profile == target]
+        if group:
+            pick = min(group, key=lambda c: (not c.holds_session, _load(c), c.name))
+            return _decision(pick, "pinned", f"pin {features.pinned_profile}")
+        note = f"pin {features.pinned_profile} unavailable; "
+    tokens = features.est_prompt_tokens
+    holders = [c for c in ready if c.holds_session]
+    if holders:
+        cls = classify_tokens(tokens, features.kind, settings)
+        plan = _Planner(features, ready, stats.view(cls), settings)
+        return _affinity(plan, min(holders, key=lambda c: (_load(c), c.name)), note)
+    if features.agentic and settings.agent_horizon_tokens:
+        tokens = max(tokens, settings.agent_horizon_tokens)
+    cls = classify_tokens(tokens, features.kind, settings)
+    plan = _Planner(features, ready, stats.view(cls), settings)
+    profile, reason, detail = _place(plan, tokens, cls)
+    if tokens < settings.exploration_max_tokens and rng.random() < settings.exploration_rate:
+        explored = _explore(plan, profile, tokens, rng)
+        if explored is not None:
+            profile, reason, detail = explored, "explore", f"explore {explored} (was {profile})"
+    return _spill(plan, profile, reason, note + detail)
+
+
+def _place(plan: _Planner, tokens: int, cls: RequestClass) -> tuple[str, Reason, str]:
+    """Choose a profile for a request no backend holds a cache for."""
+    trusted = plan.trusted()
+    if len(trusted) < 2:
+        return _rule(plan, tokens, cls)
+    loaded: dict[str, float] = {}
+    for p in trusted:
+        c = plan.best_backend(p)
+        if c is not None:
+            loaded[p] = plan.cost(c).total
+    best = min(loaded, key=lambda p: (loaded[p], p))
+    idle_best = min(loaded, key=lambda p: (_unloaded(plan, p), p))
+    speeds = ", ".join(f"{p} {trusted[p].decode_tok_s or 0:.1f}" for p in sorted(trusted))
+    detail = f"learned {cls.label}: {speeds} tok/s"
+    if best != idle_best:
+        busy_backend = plan.best_backend(idle_best)
+        if busy_backend is not None and plan.busy(busy_backend):
+            return best, "spill", f"spill {idle_best} busy ({busy_backend.name}); {detail}"
+        detail += f"; load favours {best} over {idle_best}"
+    return best, "learned", detail
+
+
+def _unloaded(plan: _Planner, profile: str) -> float:
+    e = plan.est[profile]
+    decode = e.decode_tok_s or plan.s.prior_decode_tok_s
+    prefill = e.prefill_tok_s or plan.s.prior_prefill_tok_s
+    return plan.f.est_prompt_tokens / prefill + plan.out / decode
+
+
+def _rule(plan: _Planner, tokens: int, cls: RequestClass) -> tuple[str, Reason, str]:
+    s = plan.s
+    if tokens >= s.long_context_tokens:
+        role = s.cold_long_code_role if plan.f.kind == "code" else s.cold_long_prose_role
+    else:
+        role = s.cold_short_role
+    skipped: list[str] = []
+    unavailable = False
+    for r in _FALLBACK_ORDER[role]:
+        profile = s.role_profile(r)
+        if profile not in plan.groups:
+            skipped.append(f"{profile} not ready")
+            unavailable = True
+        elif plan.acceptance_guarded(profile):
+            skipped.append(f"{profile} below break-even")
+        else:
+            why = f" ({'; '.join(skipped)})" if skipped else ""
+            reason: Reason = "fallback" if unavailable else "rule"
+            return profile, reason, f"rule {cls.label} -> {role}{why}"
+    # None of the role profiles is usable: any ready profile, least loaded first.
+    any_pick = min(
+        (c for group in plan.groups.values() for c in group),
+        key=lambda c: (_load(c), c.name),
+    )
+    return any_pick.profile, "fallback", f"fallback {cls.label}: no role profile usable"
+
+
+def _explore(plan: _Planner, chosen: str, tokens: int, rng: random.Random) -> str | None:
+    """An exploration target, or None (Thompson sampling kept the choice)."""
+    s = plan.s
+    long_ctx = tokens >= s.long_context_tokens
+    trusted = plan.trusted()
+    best_free = _unloaded(plan, chosen) if chosen in trusted else None
+    eligible: list[str] = []
+    for p in sorted(plan.groups):
+        if p == chosen:
+            continue
+        if long_ctx and plan.acceptance_guarded(p):
+            continue
+        # goodput ratio = time ratio; skip profiles known to lose more than max_regret
+        known_worse = (
+            best_free is not None
+            and p in trusted
+            and best_free / _unloaded(plan, p) < 1.0 - s.exploration_max_regret
+        )
+        if long_ctx and known_worse:
+            continue
+        eligible.append(p)
+    if not eligible:
+        return None
+    untried = [p for p in eligible if p not in trusted]
+    if untried:
+        return min(untried, key=lambda p: (plan.est[p].count if p in plan.est else 0, p))
+    if chosen not in trusted:
+        return None
+    draws = {p: _thompson_time(plan, p, rng) for p in [chosen, *eligible]}
+    pick = min(draws, key=lambda p: (draws[p], p))
+    return None if pick == chosen else pick
+
+
+def _thompson_time(plan: _Planner, profile: str, rng: random.Random) -> float:
+    e = plan.est[profile]
+    mean = e.decode_tok_s or plan.s.prior_decode_tok_s
+    sd = max(e.decode_sd, _MIN_SD_FRACTION * mean) / max(e.samples, 1.0) ** 0.5
+    decode = max(rng.gauss(mean, sd), 0.05 * mean)
+    prefill = e.prefill_tok_s or plan.s.prior_prefill_tok_s
+    return plan.f.est_prompt_tokens / prefill + plan.out / decode
+
+
+def _spill(plan: _Planner, profile: str, reason: Reason, detail: str) -> Decision:
+    chosen = plan.best_backend(profile)
+    assert chosen is not None  # profile comes from plan.groups
+    if not plan.busy(chosen):
+        return _decision(chosen, reason, detail)
+    stay = plan.cost(chosen).total
+    options = [
+        c
+        for p in plan.groups
+        if p != profile and (c := plan.best_backend(p)) is not None and not plan.busy(c)
+    ]
+    if options:
+        alt = min(options, key=lambda c: (plan.cost(c).total, c.name))
+        if plan.cost(alt).total < stay:
+            return _decision(alt, "spill", f"spill {profile} busy ({chosen.name}); {detail}")
+    return _decision(chosen, reason, f"{detail}; all busy, queued")
+
+
+def _affinity(plan: _Planner, holder: Candidate, note: str) -> Decision:
+    """Stay on the cache holder unless moving pays for its re-prefill (or the queue)."""
+    stay = plan.cost(holder)
+    trusted = plan.trusted()
+    horizon = plan.s.affinity_horizon_requests if holder.profile in trusted else 0.0
+    best: tuple[float, float, Candidate, _Cost] | None = None
+    for p in plan.groups:
+        c = plan.best_backend(p, exclude=holder.name)
+        if c is None:
+            continue
+        move = plan.cost(c)
+        # The queue gain counts once; a decode gain (learned estimates on both sides only)
+        # counts over the following requests of the session.
+        gain = (stay.wait - move.wait) + (
+            (stay.decode - move.decode) * horizon if p in trusted else 0.0
+        )
+        margin = gain - move.prefill
+        if margin > 0 and (best is None or margin > best[0]):
+            best = (margin, gain, c, move)
+    if best is None:
+        return _decision(holder, "affinity", f"{note}affinity {holder.name}")
+    _, gain, target, move = best
+    reason: Reason = "spill" if stay.wait > move.wait else "learned"
+    return _decision(
+        target,
+        reason,
+        f"{note}left {holder.name}: gain {gain:.1f}s > re-prefill {move.prefill:.1f}s",
+    )

@@ -1,0 +1,175 @@
+"""Settings of the routing policy, learned statistics and request features.
+
+A plain pydantic model: the proxy's pydantic-settings tree embeds it (e.g. under ``[routing]``),
+so the same validation applies to TOML, environment variables and tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Role = Literal["off", "min", "max"]
+"""The three roles the cold-start rules speak of; each maps to a configured profile name."""
+
+
+class RoutingSettings(BaseModel):
+    """Thresholds and priors of the routing policy. Every figure has a documented default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # --- request classes -------------------------------------------------------------------
+    context_buckets: list[int] = Field(
+        default=[4096, 16384, 32768, 65536],
+        description="Upper bounds (tokens) of the context-length buckets; a request class is "
+        "bucket x content kind. [4096, 16384] gives '<4k', '4k-16k', '16k+'.",
+    )
+
+    # --- cold-start rules --------------------------------------------------------------------
+    long_context_tokens: int = Field(
+        default=32768,
+        gt=0,
+        description="From this many (planned) prompt tokens on, the cold rules treat a request "
+        "as long context: code -> cold_long_code_role, prose -> cold_long_prose_role.",
+    )
+    cold_short_role: Role = Field(default="max", description="Cold pick below the threshold.")
+    cold_long_code_role: Role = Field(default="min", description="Cold pick, long-context code.")
+    cold_long_prose_role: Role = Field(default="off", description="Cold pick, long prose.")
+    agent_horizon_tokens: int = Field(
+        default=32768,
+        ge=0,
+        description="A new agent-like session (tools, tool results, agent system prompt) is "
+        "placed as if its prompt were at least this long: the session stays where it starts "
+        "(prefix cache), so it is placed for what it will become. 0 disables.",
+    )
+    break_even_acceptance: float = Field(
+        default=0.5,
+        gt=0.0,
+        lt=1.0,
+        description="A speculative profile whose learned acceptance in a class is below this "
+        "is skipped by the cold rules and not explored on long contexts.",
+    )
+
+    # --- learned statistics ----------------------------------------------------------------
+    min_samples: int = Field(
+        default=5,
+        ge=1,
+        description="Observations of a (class, profile) before its estimate is trusted.",
+    )
+    half_life_samples: float = Field(
+        default=50.0,
+        gt=1.0,
+        description="Exponential decay of the statistics, counted in observations of the same "
+        "(class, profile): an observation this many updates old weighs half.",
+    )
+
+    # --- exploration (bandit) -------------------------------------------------------------
+    exploration_rate: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=0.2,
+        description="At most this fraction of requests explores another profile (hard cap "
+        "0.2). Thompson sampling decides whether a given draw actually explores.",
+    )
+    exploration_max_regret: float = Field(
+        default=0.25,
+        ge=0.0,
+        le=1.0,
+        description="On long contexts, only profiles whose expected goodput is within this "
+        "fraction of the best are explored (a wrong pick there costs a lot).",
+    )
+    exploration_max_tokens: int = Field(
+        default=65536,
+        ge=0,
+        description="No exploration at all for prompts of this many tokens or more.",
+    )
+
+    # --- load ------------------------------------------------------------------------------
+    spill_threshold: float = Field(
+        default=1.0,
+        gt=0.0,
+        description="A backend with in_flight >= spill_threshold x slots is busy: the policy "
+        "compares queueing there with moving to another profile (reason 'spill').",
+    )
+    batch_slowdown: float = Field(
+        default=0.1,
+        ge=0.0,
+        description="Per-request decode speed falls by this fraction per other request in "
+        "flight on the same backend (prior; continuous batching shares the GPU).",
+    )
+    spec_load_penalty: float = Field(
+        default=0.25,
+        ge=0.0,
+        description="Extra slowdown per request in flight for speculative profiles: the "
+        "verification batch grows and the speculation gain shrinks or turns into a loss.",
+    )
+
+    # --- prefix-cache affinity ---------------------------------------------------------------
+    session_idle_ttl_s: float = Field(
+        default=1800.0,
+        gt=0.0,
+        description="A session -> backend binding is forgotten after this idle time (the app "
+        "keeps the map; llama-server evicts old slot caches anyway).",
+    )
+    affinity_horizon_requests: float = Field(
+        default=3.0,
+        ge=0.0,
+        description="A session leaves the backend holding its cache only if the expected "
+        "per-request gain, counted over this many requests, exceeds the re-prefill cost.",
+    )
+
+    # --- priors used before anything is learned ------------------------------------------------
+    chars_per_token: float = Field(default=3.5, gt=0.5, lt=20.0)
+    chars_per_token_half_life: float = Field(default=20.0, gt=1.0)
+    prior_decode_tok_s: float = Field(default=30.0, gt=0.0)
+    prior_prefill_tok_s: float = Field(default=1000.0, gt=0.0)
+    prior_output_tokens: int = Field(default=400, gt=0)
+
+    # --- persistence ---------------------------------------------------------------------
+    state_file: Path | None = Field(
+        default=None, description="Learned statistics survive restarts in this JSON file."
+    )
+    state_save_interval_s: float = Field(default=30.0, gt=0.0)
+
+    # --- headers and profile roles ---------------------------------------------------------
+    session_header: str = "X-MTP-Session"
+    pin_header: str = "X-MTP-Profile"
+    profile_off: str = "off"
+    profile_min: str = "min"
+    profile_max: str = "max"
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        buckets = self.context_buckets
+        if not buckets or any(b <= 0 for b in buckets):
+            raise ValueError("context_buckets must be a non-empty list of positive integers")
+        if any(b >= c for b, c in itertools.pairwise(buckets)):
+            raise ValueError("context_buckets must be strictly increasing")
+        names = (self.profile_off, self.profile_min, self.profile_max)
+        if len(set(names)) != len(names) or not all(names):
+            raise ValueError("profile_off, profile_min and profile_max must be distinct names")
+        return self
+
+    def role_profile(self, role: Role) -> str:
+        """The configured profile name that plays ``role``."""
+        return self._roles()[role]
+
+    def resolve_pin(self, pin: str) -> str:
+        """Map a pin header value (off|min|max, any case, or a profile name) to a profile."""
+        return self._roles().get(pin.lower(), pin)
+
+    def is_speculative(self, profile: str) -> bool:
+        """Every profile but the "off" one drafts (custom profiles are assumed to)."""
+        return profile != self.profile_off
+
+    def _roles(self) -> dict[str, str]:
+        return {"off": self.profile_off, "min": self.profile_min, "max": self.profile_max}
+
+
+def decay_factor(half_life: float) -> float:
+    """Per-update weight multiplier so that an update ``half_life`` updates old weighs 0.5."""
+    return math.exp(-math.log(2.0) / half_life)

@@ -1,0 +1,412 @@
+"""Learned statistics per (model, request class, profile), decayed so they follow drift.
+
+A request class is a context-length bucket x content kind. Each (class, profile) cell keeps
+exponentially weighted estimates of decode speed (mean and spread), prefill speed, output length
+and acceptance (token-weighted: accepted / drafted). Decay is counted in observations of the
+same cell: the estimate of a profile that is never chosen does not rot, exploration refreshes it.
+
+The per-model chars-per-token calibrator lives here too (it is learned and persisted alike).
+The state is a small JSON document, written atomically (temp file + os.replace) and loaded
+tolerantly (missing or corrupt file: start empty and say so in ``load_report``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import functools
+import itertools
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from proxy.features import IMAGE_TOKENS, ContentKind, RequestFeatures
+from proxy.routing_settings import RoutingSettings, decay_factor
+from proxy.telemetry import Observation
+
+_STATE_VERSION = 1
+_MIN_DECODE_TOKENS = 4  # shorter outputs give no meaningful decode rate
+_MIN_PREFILL_TOKENS = 32  # below this the fixed per-request overhead dominates
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class RequestClass:
+    bucket: str
+    kind: ContentKind
+
+    @property
+    def label(self) -> str:
+        return f"{self.bucket}/{self.kind}"
+
+
+def _fmt_tokens(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def bucket_labels(bounds: list[int]) -> list[str]:
+    """[4096, 16384] -> ['<4k', '4k-16k', '16k+']."""
+    return list(_labels(tuple(bounds)))
+
+
+@functools.lru_cache(maxsize=16)
+def _labels(bounds: tuple[int, ...]) -> tuple[str, ...]:
+    labels = [f"<{_fmt_tokens(bounds[0])}"]
+    labels += [f"{_fmt_tokens(a)}-{_fmt_tokens(b)}" for a, b in itertools.pairwise(bounds)]
+    labels.append(f"{_fmt_tokens(bounds[-1])}+")
+    return tuple(labels)
+
+
+def classify_tokens(tokens: int, kind: ContentKind, settings: RoutingSettings) -> RequestClass:
+    bounds = settings.context_buckets
+    return RequestClass(_labels(tuple(bounds))[bisect.bisect_right(bounds, tokens)], kind)
+
+
+def classify(features: RequestFeatures, settings: RoutingSettings) -> RequestClass:
+    return classify_tokens(features.est_prompt_tokens, features.kind, settings)
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """What the statistics say about one profile in one class."""
+
+    samples: float  # effective (decayed) weight of the decode-speed observations
+    count: int  # decode-speed observations ever made (trust needs min_samples of them)
+    decode_tok_s: float | None
+    decode_sd: float
+    acceptance: float | None  # accepted / drafted, None when nothing was drafted
+    acceptance_samples: float
+    acceptance_count: int
+    prefill_tok_s: float | None
+    output_tokens: float | None
+    trusted: bool  # count >= min_samples
+
+    def acceptance_trusted(self, min_samples: int) -> float | None:
+        if self.acceptance is None or self.acceptance_count < min_samples:
+            return None
+        return self.acceptance
+
+
+class _Mean:
+    """Exponentially weighted mean (and mean of squares), its effective weight and raw count."""
+
+    __slots__ = ("m", "m2", "n", "w")
+
+    def __init__(self, w: float = 0.0, m: float = 0.0, m2: float = 0.0, n: float = 0.0) -> None:
+        self.w, self.m, self.m2, self.n = w, m, m2, n
+
+    def decay(self, d: float) -> None:
+        self.w *= d
+
+    def add(self, x: float) -> None:
+        self.n += 1.0
+        self.w += 1.0
+        self.m += (x - self.m) / self.w
+        self.m2 += (x * x - self.m2) / self.w
+
+    @property
+    def sd(self) -> float:
+        return math.sqrt(max(self.m2 - self.m * self.m, 0.0))
+
+    def value(self) -> float | None:
+        return self.m if self.w > 0 else None
+
+
+class _Cell:
+    __slots__ = ("acc_n", "acc_w", "accepted", "decode", "drafted", "est", "output", "prefill")
+
+    def __init__(self) -> None:
+        self.decode = _Mean()
+        self.prefill = _Mean()
+        self.output = _Mean()
+        self.drafted = 0.0
+        self.accepted = 0.0
+        self.acc_w = 0.0
+        self.acc_n = 0.0
+        self.est: Estimate | None = None  # cached until the next observation
+
+    def observe(self, obs: Observation, d: float, prior_prefill: float) -> None:
+        for mean in (self.decode, self.prefill, self.output):
+            mean.decay(d)
+        self.drafted *= d
+        self.accepted *= d
+        self.acc_w *= d
+        self.est = None
+        out = obs.output_tokens
+        if out is not None:
+            self.output.add(float(out))
+        ptoks = obs.prefill_tokens
+        if ptoks is not None and ptoks >= _MIN_PREFILL_TOKENS and obs.prefill_s:
+            self.prefill.add(ptoks / obs.prefill_s)
+        decode = obs.decode_tok_s
+        if decode is None and out is not None and obs.total_s:
+            # Non-stream usage-only responses: subtract the expected prefill from the total.
+            rate = self.prefill.value() or prior_prefill
+            busy = obs.total_s - (ptoks or 0) / rate
+            decode = out / busy if busy > 0 else None
+        if decode is not None and out is not None and out >= _MIN_DECODE_TOKENS:
+            self.decode.add(decode)
+        if obs.draft_n is not None and obs.draft_n_accepted is not None:
+            self.drafted += obs.draft_n
+            self.accepted += min(obs.draft_n_accepted, obs.draft_n)
+            self.acc_w += 1.0
+            self.acc_n += 1.0
+
+    def estimate(self, min_samples: int) -> Estimate:
+        if self.est is None:
+            self.est = Estimate(
+                samples=self.decode.w,
+                count=int(self.decode.n),
+                decode_tok_s=self.decode.value(),
+                decode_sd=self.decode.sd,
+                acceptance=self.accepted / self.drafted if self.drafted > 0 else None,
+                acceptance_samples=self.acc_w,
+                acceptance_count=int(self.acc_n),
+                prefill_tok_s=self.prefill.value(),
+                output_tokens=self.output.value(),
+                trusted=self.decode.n >= min_samples,
+            )
+        return self.est
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "decode": [self.decode.w, self.decode.m, self.decode.m2, self.decode.n],
+            "prefill": [self.prefill.w, self.prefill.m, self.prefill.m2, self.prefill.n],
+            "output": [self.output.w, self.output.m, self.output.m2, self.output.n],
+            "acceptance": [self.acc_w, self.drafted, self.accepted, self.acc_n],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> _Cell:
+        cell = cls()
+        cell.decode, cell.prefill, cell.output = (
+            _Mean(*_floats(data[key], 4)) for key in ("decode", "prefill", "output")
+        )
+        cell.acc_w, cell.drafted, cell.accepted, cell.acc_n = _floats(data["acceptance"], 4)
+        return cell
+
+
+def _floats(value: object, n: int) -> list[float]:
+    if not isinstance(value, list) or len(value) != n:
+        raise ValueError(f"expected a list of {n} numbers")
+    out = [float(x) for x in value]
+    if not all(math.isfinite(x) and x >= 0 for x in out):
+        raise ValueError("negative or non-finite number")
+    return out
+
+
+class TokenCalibrator:
+    """Per-model chars-per-token ratio, learned online from the backends' token counts.
+
+    EWMA of prompt_chars / text tokens, where text tokens = context tokens reported by the
+    backend (prompt_n + cache_n, or usage) minus the exactly known and image parts.
+    Chat templates add a few tokens per message; the ratio absorbs them.
+    """
+
+    _MIN_TOKENS = 64  # below this the template overhead dominates the ratio
+    _BOUNDS = (1.0, 12.0)
+
+    def __init__(self, default: float, half_life: float) -> None:
+        self._default = default
+        self._decay = 0.5 ** (1.0 / half_life)
+        self._ratios: dict[str, tuple[float, float]] = {}  # model -> (ratio, weight)
+
+    def chars_per_token(self, model: str) -> float:
+        entry = self._ratios.get(model)
+        return entry[0] if entry is not None else self._default
+
+    def observe(self, features: RequestFeatures, context_tokens: int) -> None:
+        text_tokens = context_tokens - features.token_ids - features.images * IMAGE_TOKENS
+        if text_tokens < self._MIN_TOKENS or features.prompt_chars < self._MIN_TOKENS:
+            return
+        ratio = min(max(features.prompt_chars / text_tokens, self._BOUNDS[0]), self._BOUNDS[1])
+        value, weight = self._ratios.get(features.model, (self._default, 0.0))
+        weight = weight * self._decay + 1.0
+        self._ratios[features.model] = (value + (ratio - value) / weight, weight)
+
+    def to_json(self) -> dict[str, list[float]]:
+        return {model: [r, w] for model, (r, w) in self._ratios.items()}
+
+    def load_json(self, data: object) -> None:
+        """Restore from ``to_json`` output; ignores anything malformed."""
+        if not isinstance(data, dict):
+            return
+        lo, hi = self._BOUNDS
+        for model, entry in data.items():
+            if (
+                isinstance(model, str)
+                and isinstance(entry, list)
+                and len(entry) == 2
+                and all(isinstance(x, int | float) for x in entry)
+                and lo <= entry[0] <= hi
+                and entry[1] > 0
+            ):
+                self._ratios[model] = (float(entry[0]), float(entry[1]))
+
+
+class LearnedStats:
+    """Per (model, class, profile) estimates; one instance per app, fed by observations.
+
+    ``model`` keeps two models served under the same profile names apart; a single-model
+    deployment can leave it at its default "".
+    """
+
+    def __init__(self, settings: RoutingSettings) -> None:
+        self._settings = settings
+        self._decay = decay_factor(settings.half_life_samples)
+        self._cells: dict[tuple[str, RequestClass], dict[str, _Cell]] = {}
+        self.calibrator = TokenCalibrator(
+            settings.chars_per_token, settings.chars_per_token_half_life
+        )
+        self.load_report = "new"
+
+    def observe(
+        self, cls: RequestClass, profile: str, obs: Observation, *, model: str = ""
+    ) -> None:
+        cell = self._cells.setdefault((model, cls), {}).setdefault(profile, _Cell())
+        cell.observe(obs, self._decay, self._settings.prior_prefill_tok_s)
+
+    def estimate(self, cls: RequestClass, profile: str, *, model: str = "") -> Estimate | None:
+        """The estimate, or None while it is below min_samples (not trusted)."""
+        cell = self._cells.get((model, cls), {}).get(profile)
+        if cell is None:
+            return None
+        est = cell.estimate(self._settings.min_samples)
+        return est if est.trusted else None
+
+    def view(self, cls: RequestClass, model: str = "") -> dict[str, Estimate]:
+        """Every profile with data in this class, trusted or not (see Estimate.trusted)."""
+        min_samples = self._settings.min_samples
+        return {p: c.estimate(min_samples) for p, c in self._cells.get((model, cls), {}).items()}
+
+    def for_model(self, model: str) -> ModelStats:
+        """The policy's StatsView of one model."""
+        return ModelStats(self, model)
+
+    def table(self) -> list[dict[str, object]]:
+        """Rows for GET /admin/routing and the metrics gauges."""
+        rows: list[dict[str, object]] = []
+        for model, cls in sorted(self._cells):
+            for profile, est in sorted(self.view(cls, model).items()):
+                rows.append(
+                    {
+                        "model": model,
+                        "class": cls.label,
+                        "bucket": cls.bucket,
+                        "kind": cls.kind,
+                        "profile": profile,
+                        "samples": est.count,
+                        "weight": round(est.samples, 2),
+                        "trusted": est.trusted,
+                        "decode_tok_s": _round(est.decode_tok_s),
+                        "decode_sd": round(est.decode_sd, 2),
+                        "acceptance": _round(est.acceptance, 4),
+                        "acceptance_samples": est.acceptance_count,
+                        "prefill_tok_s": _round(est.prefill_tok_s),
+                        "output_tokens": _round(est.output_tokens, 1),
+                    }
+                )
+        return rows
+
+    # --- persistence -------------------------------------------------------------------
+
+    def dumps(self) -> bytes:
+        """Serialize (cheap; call on the event loop, write the bytes elsewhere)."""
+        cells = [
+            {
+                "model": model,
+                "bucket": cls.bucket,
+                "kind": cls.kind,
+                "profile": profile,
+                **cell.to_json(),
+            }
+            for (model, cls), by_profile in self._cells.items()
+            for profile, cell in by_profile.items()
+        ]
+        state = {
+            "version": _STATE_VERSION,
+            "buckets": self._settings.context_buckets,
+            "cells": cells,
+            "chars_per_token": self.calibrator.to_json(),
+        }
+        return json.dumps(state, separators=(",", ":")).encode()
+
+    def save(self, path: Path) -> None:
+        write_atomic(path, self.dumps())
+
+    @classmethod
+    def load(cls, path: Path, settings: RoutingSettings) -> LearnedStats:
+        """Load a state file; anything missing or corrupt starts empty (see load_report)."""
+        stats = cls(settings)
+        log = structlog.get_logger("proxy.stats").bind(path=str(path))
+        try:
+            state = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            stats.load_report = "missing: starting empty"
+            log.info("stats_state_missing")
+            return stats
+        except (OSError, ValueError) as exc:
+            stats.load_report = f"unreadable ({exc}): starting empty"
+            log.warning("stats_state_unreadable", error=str(exc))
+            return stats
+        try:
+            kept, dropped = stats._restore(state)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            stats._cells.clear()
+            stats.load_report = f"corrupt ({exc!r}): starting empty"
+            log.warning("stats_state_corrupt", error=repr(exc))
+            return stats
+        stats.load_report = f"loaded {kept} cells" + (f", dropped {dropped}" if dropped else "")
+        log.info("stats_state_loaded", cells=kept, dropped=dropped)
+        return stats
+
+    def _restore(self, state: object) -> tuple[int, int]:
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise ValueError("not a routing state file of version 1")
+        labels = set(bucket_labels(self._settings.context_buckets))
+        kept = dropped = 0
+        for row in state["cells"]:
+            if row["bucket"] not in labels or row["kind"] not in ("code", "prose"):
+                dropped += 1  # bucket bounds changed since the file was written
+                continue
+            key = (str(row.get("model", "")), RequestClass(str(row["bucket"]), row["kind"]))
+            self._cells.setdefault(key, {})[str(row["profile"])] = _Cell.from_json(row)
+            kept += 1
+        self.calibrator.load_json(state.get("chars_per_token"))
+        return kept, dropped
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStats:
+    """LearnedStats bound to one model: what ``policy.decide`` reads (its StatsView)."""
+
+    stats: LearnedStats
+    model: str
+
+    def view(self, cls: RequestClass) -> dict[str, Estimate]:
+        return self.stats.view(cls, self.model)
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temp file in the same directory, fsync, then os.replace (atomic on POSIX)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
