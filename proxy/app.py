@@ -19,6 +19,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy import admin, handlers, sdnotify
+from proxy.admission import Admission
 from proxy.collectors import PoolCollector
 from proxy.forward import Timeouts
 from proxy.metrics import ProxyMetrics
@@ -26,7 +27,7 @@ from proxy.middlewares import auth_middleware, error_middleware
 from proxy.pool import BackendPool
 from proxy.router import Router
 from proxy.routing_settings import RoutingSettings
-from proxy.settings import Settings, backend_specs
+from proxy.settings import Settings, backend_slots, backend_specs
 from proxy.state import STATE, ModelCatalog, ProxyState
 from proxy.stats import LearnedStats, write_atomic
 from supervisor.backend import Backend
@@ -48,6 +49,7 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
         pool=pool,
         models=ModelCatalog(settings.models),
         router=Router(settings.routing, pool, _load_stats(settings.routing)),
+        admission=Admission(server.max_queue, server.queue_timeout_s),
         timeouts=Timeouts(
             server.connect_timeout_s, server.first_byte_timeout_s, server.idle_timeout_s
         ),
@@ -94,8 +96,9 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
 async def _backend_pool(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     specs = backend_specs(state.settings)
+    slots = backend_slots(state.settings)
     for spec in specs:
-        state.pool.update(spec, state=BackendState.STARTING, base_url=None)
+        state.pool.update(spec, BackendState.STARTING, base_url=None, slots=slots[spec.name])
     supervisor = Supervisor(
         specs,
         state.settings.supervisor,
@@ -118,7 +121,9 @@ def _track(state: ProxyState, changed: Backend) -> None:
     # While a changed backend is replaced, two share its name; the supervisor's answer for the
     # name is the one that serves (the old one until the new one is ready).
     current = state.supervisor.backend(changed.name)
-    state.pool.update(current.spec, current.state, current.base_url)
+    slot = state.pool.update(current.spec, current.state, current.base_url)
+    if slot.ready:
+        state.admission.notify(slot.model, state.pool.free_slots(slot.model))
     if not state.notified_ready and all(
         state.pool.ready_of_model(m) for m in state.models.primary_names()
     ):

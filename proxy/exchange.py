@@ -10,6 +10,7 @@ import aiohttp
 from aiohttp import web
 from structlog.typing import FilteringBoundLogger
 
+from proxy.admission import QueueRefused
 from proxy.errors import error_response
 from proxy.features import Api
 from proxy.forward import (
@@ -49,6 +50,33 @@ class Exchange:
         self.sink: StreamTelemetry | None = None
 
     async def run(self) -> web.StreamResponse:
+        state = self.state
+        if not state.pool.ready_of_model(self.model):
+            return self._unavailable(set())  # nothing to wait for: say so at once
+        try:
+            state.metrics.queued.labels(self.model).inc()
+            try:
+                await state.admission.admit(self.model, self._has_room)
+            finally:
+                state.metrics.queued.labels(self.model).dec()
+        except QueueRefused as refused:
+            self._count("none", "none", 429)
+            self.log.info("request", model=self.model, status=429, error=str(refused))
+            return error_response(
+                self.dialect,  # type: ignore[arg-type]
+                429,
+                f"too many requests queued: {refused}",
+                retry_after=refused.retry_after_s,
+            )
+        try:
+            return await self._forward()
+        finally:
+            state.admission.notify(self.model, state.pool.free_slots(self.model))
+
+    def _has_room(self) -> bool:
+        return self.state.pool.free_slots(self.model) > 0
+
+    async def _forward(self) -> web.StreamResponse:
         tried: set[str] = set()
         for _ in range(1 + self.state.settings.server.retry_before_first_byte):
             route = self.state.router.route(self.model, self.features, exclude=tried)

@@ -32,6 +32,10 @@ class BackendSlot:
     def ready(self) -> bool:
         return self.state == BackendState.READY and self.base_url is not None
 
+    @property
+    def has_room(self) -> bool:
+        return self.ready and self.in_flight < self.slots
+
 
 class BackendPool:
     def __init__(self) -> None:
@@ -58,6 +62,10 @@ class BackendPool:
 
     def ready_of_model(self, model: str) -> list[BackendSlot]:
         return [b for b in self._backends.values() if b.model == model and b.ready]
+
+    def free_slots(self, model: str) -> int:
+        """Requests the ready backends of `model` could start right now."""
+        return sum(max(0, b.slots - b.in_flight) for b in self.ready_of_model(model))
 
     def all(self) -> list[BackendSlot]:
         return list(self._backends.values())

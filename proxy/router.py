@@ -85,7 +85,9 @@ class Router:
     ) -> Route | None:
         holder = self._holder(features.session_key)
         candidates = [
-            Candidate(b.name, b.profile, b.ready, b.in_flight, b.slots, b.name == holder)
+            # A full backend is no candidate: llama-server would queue the request out of
+            # sight; the proxy spills it elsewhere or queues it in order (proxy.admission).
+            Candidate(b.name, b.profile, b.has_room, b.in_flight, b.slots, b.name == holder)
             for b in self.pool.of_model(model)
             if b.name not in exclude
         ]

@@ -22,6 +22,7 @@ from supervisor.settings import SupervisorSettings
 from supervisor.spec import BackendSpec, DraftSpec
 
 BackendKind = Literal["simulator", "llama-server"]
+_LLAMA_SERVER_DEFAULT_SLOTS = 4  # what llama-server picks for -np when it is not given
 
 
 class ConfigError(Exception):
@@ -82,6 +83,7 @@ class ModelSettings(BaseModel):
     binary: str | None = None
     model_path: str | None = None
     args: list[str] = []
+    slots: int | None = Field(default=None, ge=1)
     profiles: list[ProfileSettings] = Field(min_length=1)
 
     @field_validator("profiles")
@@ -103,6 +105,18 @@ class ModelSettings(BaseModel):
     def names(self) -> list[str]:
         return [self.name, *self.aliases]
 
+    def slots_of(self, profile: ProfileSettings) -> int:
+        """Requests one backend serves at once: `slots`, else its -np/--parallel, else 4."""
+        if self.slots is not None:
+            return self.slots
+        args = [*self.args, *profile.args]
+        for flag in ("-np", "--parallel"):
+            if flag in args[:-1]:
+                value = args[args.index(flag) + 1]
+                if value.isdigit() and int(value) > 0:
+                    return int(value)
+        return _LLAMA_SERVER_DEFAULT_SLOTS
+
 
 class ServerSettings(BaseModel):
     """The proxy's own HTTP listener and client-facing behaviour."""
@@ -120,6 +134,8 @@ class ServerSettings(BaseModel):
     first_byte_timeout_s: float = Field(default=600.0, gt=0)
     idle_timeout_s: float = Field(default=120.0, gt=0)
     retry_before_first_byte: int = Field(default=2, ge=0, le=10)
+    max_queue: int = Field(default=256, ge=0)
+    queue_timeout_s: float = Field(default=30.0, gt=0)
 
 
 class LogSettings(BaseModel):
@@ -193,25 +209,39 @@ def _describe(exc: ValidationError) -> list[str]:
     return problems
 
 
+def backend_slots(settings: Settings) -> dict[str, int]:
+    """Slots of every backend, by backend name (see `ModelSettings.slots_of`)."""
+    return {
+        spec.name: model.slots_of(profile)
+        for model in settings.models
+        for profile in model.profiles
+        for spec in backend_specs_of(model, profile)
+    }
+
+
 def backend_specs(settings: Settings) -> list[BackendSpec]:
     """Every backend the pool runs: one per replica of each profile of each model."""
-    specs = []
-    for model in settings.models:
-        for profile in model.profiles:
-            argv = () if profile.url else tuple(_argv(model, profile))
-            for replica in range(profile.replicas):
-                suffix = f"#{replica + 1}" if profile.replicas > 1 else ""
-                specs.append(
-                    BackendSpec(
-                        name=f"{model.name}/{profile.name}{suffix}",
-                        model=model.name,
-                        profile=profile.name,
-                        argv=argv,
-                        env=dict(profile.env),
-                        url=profile.url,
-                    )
-                )
-    return specs
+    return [
+        spec
+        for model in settings.models
+        for profile in model.profiles
+        for spec in backend_specs_of(model, profile)
+    ]
+
+
+def backend_specs_of(model: ModelSettings, profile: ProfileSettings) -> list[BackendSpec]:
+    argv = () if profile.url else tuple(_argv(model, profile))
+    return [
+        BackendSpec(
+            name=f"{model.name}/{profile.name}" + (f"#{n + 1}" if profile.replicas > 1 else ""),
+            model=model.name,
+            profile=profile.name,
+            argv=argv,
+            env=dict(profile.env),
+            url=profile.url,
+        )
+        for n in range(profile.replicas)
+    ]
 
 
 def _argv(model: ModelSettings, profile: ProfileSettings) -> list[str]:

@@ -10,6 +10,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from proxy.admission import Admission
 from proxy.forward import Timeouts
 from proxy.metrics import ProxyMetrics
 from proxy.pool import BackendPool
@@ -48,6 +49,7 @@ class ProxyState:
     models: ModelCatalog
     router: Router
     timeouts: Timeouts
+    admission: Admission
     started_at: float = field(default_factory=time.time)
     spec_counters: SpecCounterTracker = field(default_factory=SpecCounterTracker)
     background: set[asyncio.Task[None]] = field(default_factory=set)
