@@ -1,0 +1,152 @@
+"""Command line: llama-server's flags (unknown ones accepted and ignored) plus the twin's own."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+from collections.abc import Sequence
+
+import structlog
+
+from simulator.config import SimConfig
+from simulator.model import DraftSettings
+from simulator.presets import load_preset
+
+# option string -> takes a value
+_KNOWN: dict[str, bool] = {
+    "-m": True,
+    "--model": True,
+    "--host": True,
+    "--port": True,
+    "--metrics": False,
+    "-np": True,
+    "--parallel": True,
+    "-c": True,
+    "--ctx-size": True,
+    "-t": True,
+    "--threads": True,
+    "--spec-type": True,
+    "--spec-draft-n-max": True,
+    "--spec-draft-n-min": True,
+    "--spec-draft-p-min": True,
+    "--alias": True,
+    "-a": True,
+    "--preset": True,
+    "--time-scale": True,
+    "--load-time": True,
+    "--seed": True,
+    "-s": True,
+    "--latent-sigma": True,
+}
+_NUMBER = re.compile(r"-\d")
+
+
+def known_args(argv: Sequence[str]) -> list[str]:
+    """Drop llama-server flags the twin does not model (-ngl 99, -fa on, --jinja, -md X ...).
+
+    Done before argparse because argparse would read e.g. `-md X` as `-m d` and `-ctk q8_0` as
+    `-c tk`. An unknown flag's value is the next word unless that word is itself a flag.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        name = word.split("=", 1)[0]
+        if name in _KNOWN:
+            out.append(word)
+            if _KNOWN[name] and "=" not in word and i + 1 < len(argv):
+                out.append(argv[i + 1])
+                i += 1
+        elif word.startswith("-") and "=" not in word and i + 1 < len(argv):
+            following = argv[i + 1]
+            if not following.startswith("-") or _NUMBER.match(following):
+                i += 1  # skip the unknown flag's value too
+        i += 1
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m simulator",
+        description="A llama-server twin whose speed follows a calibrated model of MTP decoding.",
+        allow_abbrev=False,
+    )
+    p.add_argument("-m", "--model", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--metrics", action="store_true")
+    p.add_argument("-np", "--parallel", type=int, default=1)
+    p.add_argument("-c", "--ctx-size", type=int, default=0)
+    p.add_argument("-t", "--threads", type=int, default=1)
+    p.add_argument("--spec-type", default="none")
+    p.add_argument("--spec-draft-n-max", type=int, default=16)
+    p.add_argument("--spec-draft-n-min", type=int, default=0)
+    p.add_argument("--spec-draft-p-min", type=float, default=0.75)
+    p.add_argument("-a", "--alias", default=None)
+    p.add_argument("--preset", default="setup-b", help="calibration preset name or .toml path")
+    p.add_argument("--time-scale", type=float, default=1.0, help="simulated s per wall s")
+    p.add_argument("--load-time", type=float, default=0.0, help="seconds of 503 Loading model")
+    p.add_argument("-s", "--seed", type=int, default=0)
+    p.add_argument(
+        "--latent-sigma",
+        type=float,
+        default=None,
+        help="override the preset's per-session acceptance spread (0: every session alike)",
+    )
+    return p
+
+
+def parse_config(argv: Sequence[str]) -> SimConfig:
+    parser = _parser()
+    args = parser.parse_args(known_args(argv))
+    if args.time_scale <= 0:
+        parser.error("--time-scale must be > 0")
+    if args.parallel < 1:
+        parser.error("-np must be >= 1")
+    if not 0.0 <= args.spec_draft_p_min <= 1.0:
+        parser.error("--spec-draft-p-min must be within [0, 1]")
+    n_max = max(0, args.spec_draft_n_max)
+    return SimConfig(
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        alias=args.alias,
+        n_parallel=args.parallel,
+        n_ctx=max(0, args.ctx_size),
+        threads=args.threads,
+        metrics=args.metrics,
+        draft=DraftSettings(
+            spec_type=args.spec_type,
+            n_max=n_max,
+            n_min=max(0, min(args.spec_draft_n_min, n_max)),
+            p_min=args.spec_draft_p_min,
+        ),
+        preset=args.preset,
+        time_scale=args.time_scale,
+        load_time=max(0.0, args.load_time),
+        seed=args.seed,
+        latent_sigma=args.latent_sigma,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    config = parse_config(sys.argv[1:] if argv is None else argv)
+    try:
+        preset = load_preset(config.preset)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: preset {config.preset!r}: {exc}", file=sys.stderr)
+        return 2
+    from simulator.server import serve  # imported late: keeps --help and errors fast
+
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - win32
+        factory = None
+    else:
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(serve(config, preset))
+    return 0

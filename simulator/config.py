@@ -1,0 +1,25 @@
+"""The simulator's run-time configuration (built by simulator/cli.py from llama-server's flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simulator.model import OFF, DraftSettings
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    model: str | None = None  # -m as given; served as the model id unless --alias
+    alias: str | None = None
+    n_parallel: int = 1
+    n_ctx: int = 0  # 0: the preset's default context
+    threads: int = 1
+    metrics: bool = False
+    draft: DraftSettings = field(default_factory=lambda: OFF)
+    preset: str = "setup-b"
+    time_scale: float = 1.0
+    load_time: float = 0.0
+    seed: int = 0
+    latent_sigma: float | None = None  # None: the preset's; 0 makes every session latent 1

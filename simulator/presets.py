@@ -1,0 +1,129 @@
+"""Calibration presets: one TOML data file per measured setup (simulator/presets/NAME.toml).
+
+A preset holds every constant of the performance model (see MODEL.md), so a new GPU/model pair
+is a new data file, not new code.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DecodeCost:
+    t0_ms: float  # one plain decode step at empty context
+    ctx_half: float  # context (tokens) at which a plain step takes twice as long
+    batch_growth: float  # extra step time per additional decoding slot (fraction of a step)
+
+
+@dataclass(frozen=True)
+class SpecCost:
+    step_overhead: float  # per verification step, drafter on (fraction of a plain step)
+    draft_cost: float  # per drafted token at empty context (fraction of a plain step)
+    verify_cost_per_ktok: float  # per drafted token, per 1000 tokens of context
+    concurrency_growth: float  # growth of the speculative overhead per extra decoding slot
+    spill_n_max: int  # n_max from which the draft buffers spill VRAM (0: never)
+    spill_slowdown: float  # step-time multiplier once spilled
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    code: float  # mean first-position acceptance at empty context, code
+    prose: float  # same, prose / chat
+    floor: float  # acceptance that long contexts tend to
+    ctx_half: float  # context at which acceptance is half-way down to the floor
+    latent_sigma: float  # spread (log) of the per-session latent multiplier
+    easy: float  # acceptance of a token in an "easy" stretch
+    hard: float  # acceptance of a token in a "hard" stretch
+    confidence_easy_min: float  # drafter confidence in easy stretches ~ U[this, 1]
+    confidence_hard_max: float  # drafter confidence in hard stretches ~ U[0, this]
+    minimum: float  # clip of the final acceptance
+    maximum: float
+
+
+@dataclass(frozen=True)
+class Prefill:
+    tokens_per_s: float  # prompt processing speed at empty context
+    ctx_half: float  # context at which prompt processing is half as fast
+    mtp_penalty: float  # relative slowdown of prompt processing with the MTP head loaded
+
+
+@dataclass(frozen=True)
+class Output:
+    prose_min: int  # natural (EOS) length range of an answer, tokens
+    prose_max: int
+    code_min: int
+    code_max: int
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str  # model id served when neither -m nor --alias is given
+    n_ctx: int  # default -c
+    n_ctx_train: int
+    n_vocab: int
+    n_embd: int
+    n_params: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    model: ModelInfo
+    decode: DecodeCost
+    spec: SpecCost
+    acceptance: Acceptance
+    prefill: Prefill
+    output: Output
+
+
+def _section(cls: type[T], data: dict[str, Any], key: str) -> T:
+    raw = data.get(key)
+    if not isinstance(raw, dict):
+        raise ValueError(f"preset: missing table [{key}]")
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = set(raw) - names
+    missing = names - set(raw)
+    if unknown or missing:
+        raise ValueError(f"preset [{key}]: unknown {sorted(unknown)}, missing {sorted(missing)}")
+    return cls(**raw)
+
+
+def parse_preset(data: dict[str, Any]) -> Preset:
+    return Preset(
+        name=str(data["name"]),
+        description=str(data.get("description", "")),
+        model=_section(ModelInfo, data, "model"),
+        decode=_section(DecodeCost, data, "decode"),
+        spec=_section(SpecCost, data, "spec"),
+        acceptance=_section(Acceptance, data, "acceptance"),
+        prefill=_section(Prefill, data, "prefill"),
+        output=_section(Output, data, "output"),
+    )
+
+
+def load_preset(name: str) -> Preset:
+    """Load a bundled preset by name, or any TOML file by path."""
+    if name.endswith(".toml"):
+        text = Path(name).read_text(encoding="utf-8")
+    else:
+        ref = resources.files("simulator").joinpath("presets", f"{name}.toml")
+        if not ref.is_file():
+            raise ValueError(f"unknown preset {name!r}; bundled: {', '.join(bundled_presets())}")
+        text = ref.read_text(encoding="utf-8")
+    return parse_preset(tomllib.loads(text))
+
+
+def bundled_presets() -> list[str]:
+    folder = resources.files("simulator").joinpath("presets")
+    return sorted(
+        p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml")
+    )

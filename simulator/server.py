@@ -1,0 +1,242 @@
+"""aiohttp application speaking llama-server's HTTP API, and serve() to run it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from simulator.config import SimConfig
+from simulator.engine import ContextTooLong, Engine
+from simulator.formats import Api, Response
+from simulator.info import detokenize, health, metrics, models, props, slots, tokenize
+from simulator.model import OFF, DraftSettings
+from simulator.presets import Preset
+from simulator.prompts import (
+    BadRequest,
+    Prompt,
+    chat_prompt,
+    completion_prompt,
+    messages_prompt,
+    responses_prompt,
+)
+from simulator.webcommon import ENGINE, READY_AT, dumps, error_response, json_body, model_name
+
+log = structlog.get_logger("simulator")
+
+
+_PARSERS: dict[Api, Callable[[dict[str, Any]], Prompt]] = {
+    Api.CHAT: chat_prompt,
+    Api.COMPLETION: completion_prompt,
+    Api.RESPONSES: responses_prompt,
+    Api.MESSAGES: messages_prompt,
+}
+_MAX_TOKENS_KEYS: dict[Api, tuple[str, ...]] = {
+    Api.CHAT: ("n_predict", "max_completion_tokens", "max_tokens"),
+    Api.COMPLETION: ("n_predict", "max_tokens"),
+    Api.RESPONSES: ("n_predict", "max_output_tokens"),
+    Api.MESSAGES: ("n_predict", "max_tokens"),
+}
+
+
+@web.middleware
+async def _guard(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """503 while "loading the model"; API-shaped errors instead of aiohttp's HTML pages."""
+    if asyncio.get_running_loop().time() < request.app[READY_AT]:
+        return error_response(503, "Loading model", "unavailable_error")
+    try:
+        return await handler(request)
+    except BadRequest as exc:
+        return error_response(400, str(exc), "invalid_request_error")
+    except ContextTooLong as exc:
+        return error_response(
+            400,
+            str(exc),
+            "exceed_context_size_error",
+            n_prompt_tokens=exc.n_prompt,
+            n_ctx=exc.n_ctx,
+        )
+    except web.HTTPNotFound:
+        return error_response(404, "File Not Found", "not_found_error")
+    except web.HTTPMethodNotAllowed:
+        return error_response(405, "Method Not Allowed", "invalid_request_error")
+
+
+def _max_tokens(body: dict[str, Any], api: Api) -> int | None:
+    for key in _MAX_TOKENS_KEYS[api]:
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadRequest(f"'{key}' must be an integer")
+        return value
+    return None
+
+
+# --- generation ---------------------------------------------------------------------------------
+
+
+async def _complete(api: Api, request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    body = await json_body(request)
+    prompt = _PARSERS[api](body)
+    job = engine.job(prompt, _max_tokens(body, api), bool(body.get("ignore_eos")))
+    model = body.get("model")
+    resp = Response(
+        api, model if isinstance(model, str) and model else model_name(engine), job, body
+    )
+    if not body.get("stream"):
+        async with contextlib.aclosing(engine.run(job)) as steps:
+            async for _ in steps:
+                pass
+        return web.json_response(resp.body(job.text(0, job.produced)), dumps=dumps)
+    out = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await out.prepare(request)
+    quoted, n, sent = job.passage.quoted, len(job.passage.quoted), 0
+    try:
+        async with contextlib.aclosing(engine.run(job)) as steps:
+            async for new in steps:
+                first = job.start + sent
+                await out.write(resp.tokens([quoted[(first + i) % n] for i in range(new)]))
+                sent += new
+        await out.write(resp.finish(job.text(0, job.produced)))
+        await out.write_eof()
+    except ConnectionResetError:
+        pass  # the client left: the slot was freed when the step iterator closed
+    return out
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _complete(Api.CHAT, request)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _complete(Api.COMPLETION, request)
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await _complete(Api.RESPONSES, request)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    return await _complete(Api.MESSAGES, request)
+
+
+def _draft_from(value: Any, default: DraftSettings) -> DraftSettings:
+    if value is None:
+        return default
+    if value in ("off", "none", False):
+        return OFF
+    if not isinstance(value, dict):
+        raise BadRequest("'draft' must be an object, \"off\" or null")
+    try:
+        return DraftSettings(
+            spec_type=str(value.get("spec_type", "draft-mtp")),
+            n_max=int(value.get("n_max", default.n_max if default.enabled else 16)),
+            n_min=int(value.get("n_min", 0)),
+            p_min=float(value.get("p_min", 0.75)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise BadRequest(f"bad 'draft': {exc}") from exc
+
+
+async def sim_predict(request: web.Request) -> web.Response:
+    """The routing oracle: expected figures of a request here, given this server's cache state.
+
+    Body: the request as the proxy would send it, plus optional "api" (chat | completion |
+    responses | messages; guessed from the keys otherwise), "draft" (settings to evaluate
+    instead of this server's own, or "off") and "concurrent" (decoding requests incl. this one).
+    """
+    engine = request.app[ENGINE]
+    body = await json_body(request)
+    api_name = body.get("api")
+    if api_name is None:
+        api_name = "responses" if "input" in body else "completion" if "prompt" in body else "chat"
+    try:
+        api = Api(api_name)
+    except ValueError as exc:
+        raise BadRequest(f"unknown api {api_name!r}") from exc
+    concurrent = body.get("concurrent")
+    if concurrent is not None and not isinstance(concurrent, int):
+        raise BadRequest("'concurrent' must be an integer")
+    result = engine.predict(
+        _PARSERS[api](body),
+        _max_tokens(body, api),
+        bool(body.get("ignore_eos")),
+        _draft_from(body.get("draft"), engine.draft),
+        concurrent,
+    )
+    return web.json_response(result)
+
+
+def create_app(config: SimConfig, preset: Preset) -> web.Application:
+    app = web.Application(middlewares=[_guard], client_max_size=64 * 1024 * 1024)
+    app[ENGINE] = Engine(config, preset)
+    app[READY_AT] = 0.0
+
+    async def _loading(app: web.Application) -> None:
+        app[READY_AT] = asyncio.get_running_loop().time() + config.load_time
+
+    app.on_startup.append(_loading)
+    r = app.router
+    for path in ("/health", "/v1/health"):
+        r.add_get(path, health)
+    for path in ("/v1/models", "/models"):
+        r.add_get(path, models)
+    r.add_get("/props", props)
+    r.add_get("/slots", slots)
+    r.add_get("/metrics", metrics)
+    r.add_post("/tokenize", tokenize)
+    r.add_post("/detokenize", detokenize)
+    for path in ("/v1/chat/completions", "/chat/completions"):
+        r.add_post(path, chat_completions)
+    for path in ("/v1/completions", "/completions"):
+        r.add_post(path, completions)
+    for path in ("/v1/responses", "/responses"):
+        r.add_post(path, responses)
+    r.add_post("/v1/messages", messages)
+    r.add_post("/sim/predict", sim_predict)
+    return app
+
+
+async def serve(
+    config: SimConfig, preset: Preset, *, shutdown_trigger: asyncio.Event | None = None
+) -> None:
+    """Run until SIGTERM/SIGINT (or shutdown_trigger), then stop cleanly."""
+    stop = shutdown_trigger or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    # handler_cancellation: a client that disconnects cancels its handler at once, so its slot
+    # is released even while the request is only sleeping through prefill or a step.
+    runner = web.AppRunner(
+        create_app(config, preset),
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=1.0,
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        await site.start()
+        port = runner.addresses[0][1] if runner.addresses else config.port
+        log.info(
+            f"main: server is listening on http://{config.host}:{port} - starting the main loop",
+            port=port,
+            preset=preset.name,
+            draft=config.draft.spec_type if config.draft.enabled else "none",
+        )
+        await stop.wait()
+        log.info("main: shutting down")
+    finally:
+        await runner.cleanup()
