@@ -11,11 +11,13 @@ from collections.abc import Sequence
 import structlog
 
 from simulator.config import SimConfig
-from simulator.model import DraftSettings
+from simulator.model import DraftSettings, Kind
 from simulator.presets import load_preset
 
 # option string -> takes a value
 _KNOWN: dict[str, bool] = {
+    "-h": False,
+    "--help": False,
     "-m": True,
     "--model": True,
     "--host": True,
@@ -39,6 +41,7 @@ _KNOWN: dict[str, bool] = {
     "--seed": True,
     "-s": True,
     "--latent-sigma": True,
+    "--acceptance-scale": True,
 }
 _NUMBER = re.compile(r"-\d")
 
@@ -95,7 +98,29 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="override the preset's per-session acceptance spread (0: every session alike)",
     )
+    p.add_argument(
+        "--acceptance-scale",
+        default="",
+        metavar="[KIND=]F,...",
+        help="multiply the acceptance of code and/or prose requests by F (e.g. code=0.3; "
+        "a bare F scales both)",
+    )
     return p
+
+
+def _acceptance_scale(spec: str) -> dict[str, float]:
+    """'0.5' -> both kinds; 'code=0.3,prose=0.9' -> per kind. ValueError on anything else."""
+    scales: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        kind, sep, value = item.rpartition("=")
+        kinds = [kind] if sep else [k.value for k in Kind]
+        if any(k not in {k.value for k in Kind} for k in kinds):
+            raise ValueError(f"unknown kind {kind!r} (code or prose)")
+        factor = float(value)
+        if not factor > 0:
+            raise ValueError("the factor must be > 0")
+        scales.update(dict.fromkeys(kinds, factor))
+    return scales
 
 
 def parse_config(argv: Sequence[str]) -> SimConfig:
@@ -108,6 +133,10 @@ def parse_config(argv: Sequence[str]) -> SimConfig:
     if not 0.0 <= args.spec_draft_p_min <= 1.0:
         parser.error("--spec-draft-p-min must be within [0, 1]")
     n_max = max(0, args.spec_draft_n_max)
+    try:
+        scales = _acceptance_scale(args.acceptance_scale)
+    except ValueError as exc:
+        parser.error(f"--acceptance-scale: {exc}")
     return SimConfig(
         host=args.host,
         port=args.port,
@@ -128,6 +157,7 @@ def parse_config(argv: Sequence[str]) -> SimConfig:
         load_time=max(0.0, args.load_time),
         seed=args.seed,
         latent_sigma=args.latent_sigma,
+        acceptance_scale=scales,
     )
 
 

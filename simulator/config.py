@@ -23,3 +23,7 @@ class SimConfig:
     load_time: float = 0.0
     seed: int = 0
     latent_sigma: float | None = None  # None: the preset's; 0 makes every session latent 1
+    # --acceptance-scale: multiplies the acceptance of every request of that kind (a drafter
+    # that is bad at code, say); tests and the routing benchmark use it to make one profile
+    # collapse on one kind of traffic.
+    acceptance_scale: dict[str, float] = field(default_factory=dict)

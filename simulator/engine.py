@@ -144,7 +144,8 @@ class Engine:
             kind=kind,
             latent=model.latent_factor(
                 self.config.seed, prompt.text[:_LATENT_KEY_CHARS], self._latent_sigma
-            ),
+            )
+            * self.config.acceptance_scale.get(kind.value, 1.0),
             limit=min(wanted, natural),
             natural=natural <= wanted and not ignore_eos,
             passage=passage,
@@ -196,8 +197,10 @@ class Engine:
         finally:
             if slot.decoding:
                 pool.n_decoding -= 1
-            generated = job.passage.token_ids(job.start, job.produced)
-            pool.release(slot, job.tokens + generated)
+                generated = job.passage.token_ids(job.start, job.produced)
+                pool.release(slot, job.tokens + generated)
+            else:  # cancelled before the prompt was in: keep the reused prefix only
+                pool.release(slot, None)
             self.metrics.add_request(
                 prompt_n=t.prompt_n,
                 cache_n=t.cache_n,

@@ -16,17 +16,22 @@ _SIMILARITY = 0.1  # llama-server --slot-prompt-similarity default
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the common prefix, by bisection over C-speed slice comparisons."""
-    lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    """Length of the common prefix of two token lists.
+
+    Compares growing blocks (C-speed slice equality), so the cost follows the common part, not the
+    prompt length: with hundreds of slots, most share only the chat template's first tokens.
+    """
+    n = min(len(a), len(b))
+    i, step = 0, 64
+    while i < n and a[i : i + step] == b[i : i + step]:
+        i += step
+        step = min(step * 2, 8192)
+    if i >= n:
+        return n
+    end = min(i + step, n)
+    while i < end and a[i] == b[i]:
+        i += 1
+    return i
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections import OrderedDict
 
 from simulator.model import Kind
 
@@ -22,6 +23,11 @@ _WORD_CHARS = 6
 _PUNCT_CHARS = 3
 _SPACE_CHARS = 8
 _VOCAB_MEMORY = 1 << 18  # id -> text entries kept for /detokenize
+# Segments (text between special tags: one chat message) are re-sent on every turn of a
+# conversation; remembering their ids makes a 100k-token prompt cost milliseconds, not 150 ms of
+# event-loop time (which a time-scaled run would count as simulated seconds).
+_SEGMENT_MIN_CHARS = 256
+_SEGMENT_MEMORY_CHARS = 4_000_000
 
 
 def _chunk_size(piece: str) -> int:
@@ -42,6 +48,8 @@ class Tokenizer:
         self.n_vocab = n_vocab
         self._pieces: dict[str, tuple[int, ...]] = {}
         self._texts: dict[int, str] = {}
+        self._segments: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # LRU
+        self._segment_chars = 0
 
     def token_id(self, text: str) -> int:
         """Id of one token's text."""
@@ -80,10 +88,28 @@ class Tokenizer:
                 continue
             if _SPECIAL.fullmatch(segment):
                 ids.append(self.token_id(segment))
-                continue
-            for piece in _PIECE.findall(segment):
-                ids.extend(self._piece_ids(piece))
+            elif len(segment) >= _SEGMENT_MIN_CHARS:
+                ids.extend(self._segment_ids(segment))
+            else:
+                for piece in _PIECE.findall(segment):
+                    ids.extend(self._piece_ids(piece))
         return ids
+
+    def _segment_ids(self, segment: str) -> tuple[int, ...]:
+        cached = self._segments.get(segment)
+        if cached is not None:
+            self._segments.move_to_end(segment)
+            return cached
+        ids: list[int] = []
+        for piece in _PIECE.findall(segment):
+            ids.extend(self._piece_ids(piece))
+        result = tuple(ids)
+        self._segments[segment] = result
+        self._segment_chars += len(segment)
+        while self._segment_chars > _SEGMENT_MEMORY_CHARS and len(self._segments) > 1:
+            old, _ = self._segments.popitem(last=False)
+            self._segment_chars -= len(old)
+        return result
 
     def token_text(self, tid: int) -> str:
         return self._texts.get(tid, "")

@@ -504,12 +504,12 @@ async def test_sim_predict(http: aiohttp.ClientSession, spec_sim: Sim) -> None:
     assert status == 400
 
 
-# --- official SDKs as clients ----------------------------------------------------------------------
+# --- official SDKs as clients -------------------------------------------------------------------
 
 
 async def test_official_sdks_parse_the_streams(spec_sim: Sim) -> None:
-    import anthropic  # noqa: PLC0415 - heavy imports, only here
-    import openai  # noqa: PLC0415
+    import anthropic  # heavy imports, only here
+    import openai
 
     oai = openai.AsyncOpenAI(base_url=spec_sim.url + "/v1", api_key="none")
     stream = await oai.chat.completions.create(

@@ -14,6 +14,7 @@ from simulator.cli import known_args, parse_config
 from simulator.model import OFF, DraftSettings, Kind
 from simulator.presets import bundled_presets, load_preset
 from simulator.prompts import chat_prompt
+from simulator.slots import common_prefix
 from simulator.tokens import Tokenizer, content_kind
 
 SETUP_A = load_preset("setup-a")
@@ -263,3 +264,20 @@ def test_unknown_llama_server_flags_are_dropped_with_their_values() -> None:
     assert cfg.model == "m.gguf" and cfg.n_parallel == 4
     assert cfg.draft == DraftSettings("draft-mtp", 3, 0, 0.75)
     assert parse_config([]).draft.enabled is False
+
+
+def test_help_is_not_swallowed_as_an_unknown_flag() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["--help"])
+    assert exit_info.value.code == 0
+
+
+def test_common_prefix() -> None:
+    rng = random.Random(3)
+    base = [rng.randrange(1000) for _ in range(20000)]
+    for cut in (0, 1, 63, 64, 65, 500, 12345, 19999):
+        other = [*base[:cut], -1, *base[cut:]]
+        assert common_prefix(base, other) == cut
+    assert common_prefix(base, base[:777]) == 777
+    assert common_prefix([], base) == 0
+    assert common_prefix(base, list(base)) == len(base)
