@@ -36,7 +36,8 @@ async def backends(request: web.Request) -> web.Response:
     supervised = {b.spec.name: b for b in state.supervisor.backends} if state.supervisor else {}
     for slot in state.pool.all():
         row = supervised[slot.name].snapshot() if slot.name in supervised else {}
-        row.update(name=slot.name, model=slot.model, profile=slot.profile, in_flight=slot.in_flight)
+        row.update(name=slot.name, model=slot.model, profile=slot.profile)
+        row.update(in_flight=slot.in_flight, slots=slot.slots)
         rows.append(row)
     return web.json_response({"backends": rows})
 

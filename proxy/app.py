@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import gc
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 
 import aiohttp
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry
 
 from proxy import admin, handlers, sdnotify
@@ -25,6 +27,7 @@ from proxy.forward import Timeouts
 from proxy.metrics import ProxyMetrics
 from proxy.middlewares import auth_middleware, error_middleware
 from proxy.pool import BackendPool
+from proxy.reload import Reloader
 from proxy.router import Router
 from proxy.routing_settings import RoutingSettings
 from proxy.settings import Settings, backend_slots, backend_specs
@@ -37,6 +40,45 @@ from supervisor.states import BackendState
 log = structlog.get_logger("proxy")
 
 ShutdownTrigger = Callable[[], Awaitable[object]]
+_CUT_GRACE_S = 0.1  # after the drain, twice: aiohttp waits, cancels, waits, then cuts
+
+
+class RequestCount:
+    """Requests being handled (streams included), so that shutdown can wait for them."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[None]:
+        self.active += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.active -= 1
+            if self.active == 0:
+                self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """True once no request is in flight; False if some still are after timeout_s."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+
+REQUESTS = web.AppKey("requests", RequestCount)
+
+
+@web.middleware
+async def _count_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    with request.app[REQUESTS].track():
+        return await handler(request)
 
 
 def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Application:
@@ -55,9 +97,12 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
         ),
     )
     app = web.Application(
-        client_max_size=server.max_body_bytes, middlewares=[error_middleware, auth_middleware]
+        client_max_size=server.max_body_bytes,
+        middlewares=[_count_requests, error_middleware, auth_middleware],
     )
     app[STATE] = state
+    app[REQUESTS] = RequestCount()
+    state.metrics.prime({m.name: [p.name for p in m.profiles] for m in settings.models})
     registry.register(PoolCollector(state))
     _add_routes(app)
     app.cleanup_ctx.append(_upstream_session)
@@ -170,11 +215,20 @@ async def serve(
     shutdown_trigger: ShutdownTrigger | None = None,
     registry: CollectorRegistry | None = None,
     on_listening: Callable[[int], None] | None = None,
+    config_path: Path | None = None,
 ) -> None:
-    """Run the proxy until `shutdown_trigger` completes (default: SIGTERM or SIGINT)."""
+    """Run the proxy until `shutdown_trigger` completes (default: SIGTERM or SIGINT).
+
+    With the default trigger, SIGHUP re-reads `config_path` and applies its models (reload.py).
+    At shutdown the listener closes first; requests in flight get drain_timeout_s to finish,
+    then what is left is cut and the backends are stopped.
+    """
     app = create_app(settings, registry=registry or CollectorRegistry())
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=_CUT_GRACE_S
+    )
     await runner.setup()
+    reloader = Reloader(app[STATE], config_path)
     _tune_gc()
     try:
         site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=4096)
@@ -183,10 +237,32 @@ async def serve(
         log.info("listening", host=settings.server.host, port=port)
         if on_listening is not None:
             on_listening(port)
-        await (shutdown_trigger or _termination_signal)()
+        if shutdown_trigger is None:
+            with _reload_on_sighup(reloader):
+                await _termination_signal()
+        else:
+            await shutdown_trigger()
         log.info("shutting_down")
     finally:
+        reloader.close()  # a reload under way ends once the supervisor stops
+        await _drain(runner, app[REQUESTS], settings.supervisor.drain_timeout_s)
         await runner.cleanup()
+        await reloader.wait_closed()
+
+
+async def _drain(runner: web.AppRunner, requests: RequestCount, timeout_s: float) -> None:
+    """Stop accepting connections and let the requests in flight finish, up to timeout_s.
+
+    aiohttp's own shutdown would wait up to twice its timeout (once for the handlers, once
+    more after cancelling their request bodies), so the wait is done here and aiohttp's kept
+    short for what is left.
+    """
+    for site in list(runner.sites):
+        await site.stop()
+    if runner.server is not None:
+        runner.server.pre_shutdown()  # idle keep-alive connections close now, busy ones after
+    if not await requests.wait_idle(timeout_s):
+        log.warning("drain_timed_out", in_flight=requests.active, timeout_s=timeout_s)
 
 
 def _tune_gc() -> None:
@@ -200,6 +276,16 @@ def _tune_gc() -> None:
 def _bound_port(runner: web.AppRunner) -> int:
     address = runner.addresses[0]
     return int(address[1])
+
+
+@contextlib.contextmanager
+def _reload_on_sighup(reloader: Reloader) -> Iterator[None]:
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, reloader.request)
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
 
 
 async def _termination_signal() -> None:

@@ -7,6 +7,9 @@ import asyncio
 import sys
 from pathlib import Path
 
+import structlog
+
+from proxy.preflight import log_result, render, run_preflight
 from proxy.settings import ConfigError, Settings, backend_specs, load_settings
 
 
@@ -62,6 +65,10 @@ def _check_config(path: Path) -> int:
         for spec in (s for s in specs if s.model == model.name):
             target = spec.url or " ".join([*spec.argv, "--host", "127.0.0.1", "--port", "<free>"])
             print(f"  {spec.name}: {target}")
+    memory = run_preflight(settings)
+    print("\n".join(render(memory)))
+    for warning in memory.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -74,9 +81,18 @@ def _serve(args: argparse.Namespace) -> int:
         settings.server.host = args.host
     if args.port is not None:
         settings.server.port = args.port
-    configure_logging(settings.log.level, settings.log.format)
-    _run(serve(settings))
+    configure_logging(settings.log.level, settings.log.format, secrets=_secrets(settings))
+    # Before the event loop: the check may wait for nvidia-smi.
+    log_result(run_preflight(settings), structlog.get_logger("proxy.preflight"))
+    _run(serve(settings, config_path=args.config))
     return 0
+
+
+def _secrets(settings: Settings) -> list[str]:
+    """The configured keys: the log redacts them wherever they would appear."""
+    server = settings.server
+    keys = [*server.api_keys, *([server.admin_key] if server.admin_key else [])]
+    return [key.get_secret_value() for key in keys]
 
 
 def _run(main_coroutine: object) -> None:

@@ -6,6 +6,7 @@ the truth the admin endpoints show.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,12 @@ class PoolCollector(Collector):
         ready = GaugeMetricFamily(
             "mtp_proxy_backend_ready", "1 when the backend takes requests.", labels=labels
         )
+        slots = GaugeMetricFamily(
+            "mtp_proxy_backend_slots",
+            "Requests each backend serves at once (its llama-server -np); in-flight beyond it "
+            "would queue inside llama-server, so the proxy queues instead.",
+            labels=labels,
+        )
         restarts = CounterMetricFamily(
             "mtp_proxy_backend_restarts",
             "Times the supervisor restarted the backend.",
@@ -61,13 +68,14 @@ class PoolCollector(Collector):
             values = [slot.name, slot.model, slot.profile]
             in_flight.add_metric(values, slot.in_flight)
             ready.add_metric(values, 1.0 if slot.ready else 0.0)
+            slots.add_metric(values, slot.slots)
             for each in BackendState:
                 state.add_metric([*values, each.value], 1.0 if slot.state == each else 0.0)
             backend = supervised.get(slot.name)
             restarts.add_metric(values, getattr(backend, "restarts", 0))
             crash_loops.add_metric(values, getattr(backend, "crash_loops", 0))
             health_failures.add_metric(values, getattr(backend, "health_failures", 0))
-        yield from (in_flight, state, ready, restarts, crash_loops, health_failures)
+        yield from (in_flight, state, ready, slots, restarts, crash_loops, health_failures)
 
     def _supervised(self) -> dict[str, object]:
         supervisor = self._state.supervisor
@@ -92,7 +100,9 @@ class PoolCollector(Collector):
         )
         for row in self._state.router.learned_rows():
             values = [row.model, row.request_class, row.profile]
-            speed.add_metric(values, row.decode_tok_s)
-            acceptance.add_metric(values, row.acceptance)
+            # No estimate yet (e.g. acceptance of a profile that never drafts): no series, not NaN.
+            for family, value in ((speed, row.decode_tok_s), (acceptance, row.acceptance)):
+                if not math.isnan(value):
+                    family.add_metric(values, value)
             samples.add_metric(values, row.samples)
         yield from (speed, acceptance, samples)

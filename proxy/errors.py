@@ -52,6 +52,25 @@ def error_body(dialect: Dialect, status: int, message: str, code: str | None = N
     return json.dumps(payload).encode()
 
 
+def reshaped_error_body(dialect: Dialect, status: int, body: bytes) -> bytes | None:
+    """A backend's error body in the shape of the API the client called; None if it already is.
+
+    llama-server answers errors on /v1/messages in the OpenAI shape (and some as plain text),
+    which Anthropic SDKs cannot read; the message is kept, the envelope replaced.
+    """
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):
+        payload = None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"]:
+        if dialect == "openai" or (payload.get("type") == "error" and error.get("type")):
+            return None
+        return error_body(dialect, status, error["message"])
+    text = body.decode("utf-8", "replace").strip()[:500]
+    return error_body(dialect, status, text or f"backend answered {status} without a message")
+
+
 def error_response(
     dialect: Dialect,
     status: int,

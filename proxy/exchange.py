@@ -50,46 +50,57 @@ class Exchange:
         self.sink: StreamTelemetry | None = None
 
     async def run(self) -> web.StreamResponse:
-        state = self.state
-        if not state.pool.ready_of_model(self.model):
-            return self._unavailable(set())  # nothing to wait for: say so at once
-        try:
-            state.metrics.queued.labels(self.model).inc()
+        tried: set[str] = set()
+        for _ in range(1 + self.state.settings.server.retry_before_first_byte):
+            if not self._others_ready(tried):
+                break  # nothing (else) to wait for: say so at once
+            refusal = await self._admit(tried)
+            if refusal is not None:
+                return refusal
             try:
-                await state.admission.admit(self.model, self._has_room)
+                route = self.state.router.route(self.model, self.features, exclude=tried)
+                if route is None:
+                    continue  # the slot went to another request between wake-up and routing
+                self.state.metrics.decisions.labels(self.model, route.reason, route.profile).inc()
+                try:
+                    return await self._attempt(route)
+                except UpstreamUnavailable as exc:
+                    tried.add(route.backend.name)
+                    self.state.metrics.retries.labels(self.model).inc()
+                    self.log.warning(
+                        "upstream_unavailable", backend=route.backend.name, error=str(exc)
+                    )
             finally:
-                state.metrics.queued.labels(self.model).dec()
+                self.state.admission.notify(self.model, self.state.pool.free_slots(self.model))
+        return self._unavailable(tried)
+
+    def _others_ready(self, tried: set[str]) -> bool:
+        return any(b.name not in tried for b in self.state.pool.ready_of_model(self.model))
+
+    async def _admit(self, tried: set[str]) -> web.Response | None:
+        """Wait in line for a free slot on a backend not yet tried; a 429 if there is none."""
+        state = self.state
+
+        def has_room() -> bool:
+            return any(
+                b.has_room and b.name not in tried for b in state.pool.ready_of_model(self.model)
+            )
+
+        queued = state.metrics.queued.labels(self.model)
+        queued.inc()
+        try:
+            await state.admission.admit(self.model, has_room)
         except QueueRefused as refused:
-            self._count("none", "none", 429)
-            self.log.info("request", model=self.model, status=429, error=str(refused))
+            self._refused(429, str(refused))
             return error_response(
                 self.dialect,  # type: ignore[arg-type]
                 429,
                 f"too many requests queued: {refused}",
                 retry_after=refused.retry_after_s,
             )
-        try:
-            return await self._forward()
         finally:
-            state.admission.notify(self.model, state.pool.free_slots(self.model))
-
-    def _has_room(self) -> bool:
-        return self.state.pool.free_slots(self.model) > 0
-
-    async def _forward(self) -> web.StreamResponse:
-        tried: set[str] = set()
-        for _ in range(1 + self.state.settings.server.retry_before_first_byte):
-            route = self.state.router.route(self.model, self.features, exclude=tried)
-            if route is None:
-                break
-            self.state.metrics.decisions.labels(self.model, route.reason, route.profile).inc()
-            try:
-                return await self._attempt(route)
-            except UpstreamUnavailable as exc:
-                tried.add(route.backend.name)
-                self.state.metrics.retries.labels(self.model).inc()
-                self.log.warning("upstream_unavailable", backend=route.backend.name, error=str(exc))
-        return self._unavailable(tried)
+            queued.dec()
+        return None
 
     def _unavailable(self, tried: set[str]) -> web.Response:
         status = 502 if tried else 503
@@ -98,8 +109,7 @@ class Exchange:
             if tried
             else f"no backend of model {self.model!r} is ready; retry shortly"
         )
-        self._count("none", "none", status)
-        self.log.info("request", model=self.model, status=status, error=message)
+        self._refused(status, message)
         return error_response(self.dialect, status, message, retry_after=_RETRY_AFTER_S)  # type: ignore[arg-type]
 
     async def _attempt(self, route: Route) -> web.StreamResponse:
@@ -139,18 +149,6 @@ class Exchange:
         done_at = time.perf_counter()
         state = self.state
         usage = state.router.usage(self.api, relayed, self.sink, done_at)
-        if relayed.status == 200 and self.api in _NO_TIMINGS and not usage.has_timings:
-            # Reading /metrics takes a round trip: do it after the answer went out.
-            task = asyncio.get_running_loop().create_task(
-                self._observe_with_counters(route, usage, sent_at, done_at, sequence)
-            )
-            state.background.add(task)
-            task.add_done_callback(state.background.discard)
-            observation = None
-        elif relayed.status == 200:
-            observation = self._observe(route, usage, sent_at, done_at)
-        else:
-            observation = None
         self._count(route.profile, route.class_label, relayed.status)
         elapsed = done_at - self.received
         state.metrics.latency.labels(self.model, self.api, route.profile).observe(elapsed)
@@ -159,15 +157,35 @@ class Exchange:
             state.metrics.ttft.labels(self.model, self.api, route.profile).observe(ttft)
         if relayed.upstream_error:
             state.metrics.upstream_failures.labels(self.model, route.profile).inc()
-        self._log(route, relayed, elapsed, usage, observation)
+        if relayed.status != 200:
+            self._log(route, relayed, elapsed, usage, None)
+        elif self.api in _NO_TIMINGS and not usage.has_timings:
+            # Reading /metrics takes a round trip: done after the answer went out, and the
+            # request's log line waits for it so that it carries the acceptance.
+            task = asyncio.get_running_loop().create_task(
+                self._observe_with_counters(route, relayed, elapsed, usage, sent_at, sequence)
+            )
+            state.background.add(task)
+            task.add_done_callback(state.background.discard)
+        else:
+            observation = self._observe(route, usage, sent_at, done_at)
+            self._log(route, relayed, elapsed, usage, observation)
 
     async def _observe_with_counters(
-        self, route: Route, usage: ParsedUsage, sent_at: float, done_at: float, sequence: int
+        self,
+        route: Route,
+        relayed: Relayed,
+        elapsed: float,
+        usage: ParsedUsage,
+        sent_at: float,
+        sequence: int,
     ) -> None:
+        done_at = self.received + elapsed
         delta = await self.state.spec_counters.delta_after(
             self.state.client(), route.backend, sequence
         )
-        self._observe(route, usage, sent_at, done_at, delta)
+        observation = self._observe(route, usage, sent_at, done_at, delta)
+        self._log(route, relayed, elapsed, usage, observation)
 
     def _observe(
         self,
@@ -221,6 +239,11 @@ class Exchange:
             kind=self.features.kind,
             **fields,
         )
+
+    def _refused(self, status: int, message: str) -> None:
+        elapsed = time.perf_counter() - self.received
+        self.state.metrics.record_refusal(self.api, status, elapsed, model=self.model)
+        self.log.info("request", model=self.model, api=self.api, status=status, error=message)
 
     def _count(self, profile: str, request_class: str, status: int) -> None:
         self.state.metrics.requests.labels(

@@ -7,6 +7,7 @@ ask the router for a backend, forward, relay, record. Errors answer in the calle
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from structlog.typing import FilteringBoundLogger
 
 from proxy.errors import Dialect, error_response
 from proxy.exchange import Exchange
@@ -30,6 +32,11 @@ API_PATHS: dict[str, Api] = {
     "/v1/messages": "messages",
 }
 _REQUEST_ID_CHARS = frozenset("0123456789abcdefABCDEF-")
+# A high surrogate escape not followed by a low one, or a low one not preceded by a high one.
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
 
 
 def dialect_of(api: Api) -> Dialect:
@@ -46,44 +53,96 @@ def generation_handler(api: Api) -> Handler:
 async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
     state = request.app[STATE]
     received = time.perf_counter()
-    dialect = dialect_of(api)
-    log = structlog.get_logger("proxy.request").bind(request_id=_request_id(request), api=api)
+    log = request_logger(request, api)
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         limit = state.settings.server.max_body_bytes
-        return error_response(dialect, 413, f"request body exceeds {limit} bytes")
+        return refuse(request, api, 413, f"request body exceeds {limit} bytes", received)
+    log.debug("request_received", path=request.path, body_bytes=len(raw))
     body, problem = _parse_object(raw)
     if body is None:
-        return error_response(dialect, 400, problem)
+        return refuse(request, api, 400, problem, received)
     model = state.models.resolve(body.get("model"))
     if model is None:
-        return error_response(
-            dialect, 404, f"model {body.get('model')!r} does not exist", code="model_not_found"
-        )
+        message = f"model {str(body.get('model'))[:100]!r} does not exist"
+        return refuse(request, api, 404, message, received, code="model_not_found")
     exchange = Exchange(state, request, api, model, raw, body, received, log)
     return await exchange.run()
+
+
+def request_logger(request: web.Request, api: Api) -> FilteringBoundLogger:
+    logger: FilteringBoundLogger = structlog.get_logger("proxy.request")
+    return logger.bind(request_id=_request_id(request), api=api)
+
+
+def refuse(
+    request: web.Request,
+    api: Api,
+    status: int,
+    message: str,
+    received: float,
+    *,
+    code: str | None = None,
+) -> web.Response:
+    """Answer an error before routing, and still count, time and log the request."""
+    elapsed = time.perf_counter() - received
+    request.app[STATE].metrics.record_refusal(api, status, elapsed)
+    request_logger(request, api).info(
+        "request", status=status, error=message, duration_s=round(elapsed, 4)
+    )
+    return error_response(dialect_of(api), status, message, code=code)
 
 
 def _parse_object(raw: bytes) -> tuple[dict[str, Any] | None, str]:
     if not raw:
         return None, "request body is empty; expected a JSON object"
     try:
-        body = json.loads(raw)
+        # Strict UTF-8 first: json.loads(bytes) would let encoded surrogates through, which
+        # llama-server then answers with a 500.
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return None, "request body is not valid UTF-8"
-    except (json.JSONDecodeError, RecursionError) as exc:
-        return None, f"request body is not valid JSON: {exc}"
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # ValueError: also integers past 4300 digits
+        return None, f"request body is not valid JSON: {str(exc)[:200]}"
     if not isinstance(body, dict):
         return None, "request body must be a JSON object"
+    if _may_hold_lone_surrogate(raw) and _holds_lone_surrogate(body):
+        return None, "request body has a lone UTF-16 surrogate escape (\\uD800-\\uDFFF)"
     return body, ""
 
 
+def _may_hold_lone_surrogate(raw: bytes) -> bool:
+    # Two byte searches on the hot path; the regex only runs where surrogate escapes appear.
+    if b"\\ud" not in raw and b"\\uD" not in raw:
+        return False
+    return _LONE_SURROGATE.search(raw) is not None
+
+
+def _holds_lone_surrogate(body: dict[str, Any]) -> bool:
+    # The regex also matches an escaped backslash followed by "ud800" (literal text): confirm.
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    except (ValueError, RecursionError):
+        return False
+    return False
+
+
 def _request_id(request: web.Request) -> str:
+    """The client's X-Request-Id when it is a plain hex/uuid string, else a new one (kept on the
+    request, so every line about it carries the same id)."""
+    known = request.get("request_id")
+    if isinstance(known, str):
+        return known
     given = request.headers.get("X-Request-Id", "")
-    if 0 < len(given) <= 64 and set(given) <= _REQUEST_ID_CHARS:
-        return given
-    return uuid.uuid4().hex
+    valid = 0 < len(given) <= 64 and set(given) <= _REQUEST_ID_CHARS
+    chosen = given if valid else uuid.uuid4().hex
+    request["request_id"] = chosen
+    return chosen
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -6,9 +6,16 @@ sets, request classes from the configured buckets; no session ids or free text.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import get_args
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from proxy.policy import Reason
 from proxy.telemetry import Observation
+
+# Label value of a request that never reached the routing step (refused before it, or unknown).
+UNROUTED = "none"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
@@ -120,6 +127,31 @@ class ProxyMetrics:
             ["model"],
             registry=registry,
         )
+
+    def prime(self, profiles: Mapping[str, Sequence[str]]) -> None:
+        """Create the series of every configured model and profile at 0, so that `rate()` and
+        `increase()` see their first increment and dashboards list every routing reason."""
+        for model, names in profiles.items():
+            self.retries.labels(model)
+            self.queued.labels(model)
+            for profile in names:
+                self.output_tokens.labels(model, profile)
+                self.upstream_failures.labels(model, profile)
+                for reason in get_args(Reason):
+                    self.decisions.labels(model, reason, profile)
+
+    def count_request(
+        self, model: str, api: str, profile: str, request_class: str, status: int
+    ) -> None:
+        self.requests.labels(model, api, profile, request_class, str(status)).inc()
+
+    def record_refusal(
+        self, api: str, status: int, elapsed_s: float, model: str = UNROUTED
+    ) -> None:
+        """A request answered with an error before routing (bad body, unknown model, no key):
+        counted and timed like every other, under profile and class "none"."""
+        self.count_request(model, api, UNROUTED, UNROUTED, status)
+        self.latency.labels(model, api, UNROUTED).observe(elapsed_s)
 
     def record_observation(self, model: str, profile: str, observation: Observation) -> None:
         """Token, speed and acceptance series of one served request."""

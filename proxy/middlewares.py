@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hmac
+import time
 
 import structlog
 from aiohttp import web
 
-from proxy.errors import Dialect, error_response
-from proxy.handlers import Handler
+from proxy.errors import Dialect, error_response, reshaped_error_body
+from proxy.handlers import API_PATHS, Handler, refuse
 from proxy.state import STATE
 
 log = structlog.get_logger("proxy")
@@ -41,17 +42,17 @@ def key_matches(presented: str, keys: list[str]) -> bool:
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    received = time.perf_counter()
     keys = request.app[STATE].settings.server.api_keys
     if not keys or request.path in _OPEN_PATHS or request.path.startswith("/admin/"):
         return await handler(request)
     presented = presented_key(request)
     if presented is None or not key_matches(presented, [k.get_secret_value() for k in keys]):
-        return error_response(
-            dialect_for_path(request.path),
-            401,
-            "invalid or missing API key",
-            code="invalid_api_key",
-        )
+        message = "invalid or missing API key"
+        api = API_PATHS.get(request.path)
+        if api is not None:  # a generation request: counted and logged like every other
+            return refuse(request, api, 401, message, received, code="invalid_api_key")
+        return error_response(dialect_for_path(request.path), 401, message, code="invalid_api_key")
     return await handler(request)
 
 
@@ -59,7 +60,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     dialect = dialect_for_path(request.path)
     try:
-        return await handler(request)
+        response = await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -72,3 +73,17 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("unhandled_error", path=request.path, method=request.method)
         return error_response(dialect, 500, "internal error in mtp-proxy")
+    if response.status >= 400 and isinstance(response, web.Response) and request.path in API_PATHS:
+        _reshape_error(response, dialect)  # only relayed backend answers; /health keeps its own
+    return response
+
+
+def _reshape_error(response: web.Response, dialect: Dialect) -> None:
+    """A relayed backend error gets the envelope of the API the client called."""
+    body = response.body
+    if not isinstance(body, bytes):
+        return
+    reshaped = reshaped_error_body(dialect, response.status, body)
+    if reshaped is not None:
+        response.body = reshaped
+        response.content_type = "application/json"

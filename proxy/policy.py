@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from proxy.features import RequestFeatures
+from proxy.features import ContentKind, RequestFeatures
 from proxy.routing_settings import Role, RoutingSettings
-from proxy.stats import Estimate, RequestClass, classify_tokens
+from proxy.stats import Estimate, RequestClass, bucket_labels, classify_tokens
 
 Reason = Literal["pinned", "affinity", "learned", "explore", "rule", "spill", "fallback"]
 
@@ -48,6 +48,9 @@ class Candidate:
     in_flight: int
     slots: int
     holds_session: bool = False
+    evicts_tokens: int = 0
+    """Prompt tokens of another session's cache that a new session here would overwrite (the
+    backend's least recently used slot, when every slot holds one); 0 if a slot is free."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +74,11 @@ class _Cost:
     wait: float
     prefill: float
     decode: float
+    evict: float = 0.0  # expected re-processing another session pays for the slot we take
 
     @property
     def total(self) -> float:
-        return self.wait + self.prefill + self.decode
+        return self.wait + self.prefill + self.decode + self.evict
 
 
 class _Planner:
@@ -85,11 +89,13 @@ class _Planner:
         features: RequestFeatures,
         ready: Sequence[Candidate],
         estimates: Mapping[str, Estimate],
+        source: RequestClass,
         settings: RoutingSettings,
     ) -> None:
         self.f = features
         self.s = settings
         self.est = estimates
+        self.source = source  # the class the estimates come from (see _estimates)
         self.groups: dict[str, list[Candidate]] = {}
         for c in ready:
             self.groups.setdefault(c.profile, []).append(c)
@@ -132,7 +138,8 @@ class _Planner:
         service = uncached / prefill_rate + self.out / decode
         slots = max(c.slots, 1)
         wait = max(0, n - slots + 1) * service / slots
-        return _Cost(wait, uncached / prefill_rate, self.out / decode)
+        evict = 0.0 if c.holds_session else c.evicts_tokens / prefill_rate * self.s.eviction_weight
+        return _Cost(wait, uncached / prefill_rate, self.out / decode, evict)
 
     def acceptance_guarded(self, profile: str) -> bool:
         """True if the learned acceptance of a speculative profile is below break-even."""
@@ -147,8 +154,8 @@ def _load(c: Candidate) -> float:
     return c.in_flight / max(c.slots, 1)
 
 
-def _backend_order(c: Candidate) -> tuple[bool, float, int, str]:
-    return (not c.holds_session, _load(c), c.in_flight, c.name)
+def _backend_order(c: Candidate) -> tuple[bool, float, int, int, str]:
+    return (not c.holds_session, _load(c), c.evicts_tokens, c.in_flight, c.name)
 
 
 def _decision(c: Candidate, reason: Reason, detail: str) -> Decision:
@@ -171,25 +178,91 @@ def decide(
         target = settings.resolve_pin(features.pinned_profile)
         group = [c for c in ready if c.profile == target]
         if group:
-            pick = min(group, key=lambda c: (not c.holds_session, _load(c), c.name))
+            pick = min(group, key=_backend_order)
             return _decision(pick, "pinned", f"pin {features.pinned_profile}")
         note = f"pin {features.pinned_profile} unavailable; "
     tokens = features.est_prompt_tokens
     holders = [c for c in ready if c.holds_session]
     if holders:
         cls = classify_tokens(tokens, features.kind, settings)
-        plan = _Planner(features, ready, stats.view(cls), settings)
+        plan = _Planner(features, ready, *_estimates(stats, cls, ready, settings), settings)
         return _affinity(plan, min(holders, key=lambda c: (_load(c), c.name)), note)
     if features.agentic and settings.agent_horizon_tokens:
         tokens = max(tokens, settings.agent_horizon_tokens)
     cls = classify_tokens(tokens, features.kind, settings)
-    plan = _Planner(features, ready, stats.view(cls), settings)
+    plan = _Planner(features, ready, *_estimates(stats, cls, ready, settings), settings)
     profile, reason, detail = _place(plan, tokens, cls)
-    if tokens < settings.exploration_max_tokens and rng.random() < settings.exploration_rate:
+    if (
+        settings.learning
+        and tokens < settings.exploration_max_tokens
+        and rng.random() < settings.exploration_rate
+    ):
         explored = _explore(plan, profile, tokens, rng)
         if explored is not None:
             profile, reason, detail = explored, "explore", f"explore {explored} (was {profile})"
+    if reason in ("rule", "fallback"):
+        profile, reason, detail = _spare_cache(plan, profile, reason, detail)
     return _spill(plan, profile, reason, note + detail)
+
+
+def _spare_cache(
+    plan: _Planner, profile: str, reason: Reason, detail: str
+) -> tuple[str, Reason, str]:
+    """Cold placement that would overwrite a long cached prompt (an agent's, a document's)
+    goes to a profile with a free slot instead, when that re-processing would cost more than
+    this whole request. The learned path weighs the same cost in _Planner.cost."""
+    chosen = plan.best_backend(profile)
+    assert chosen is not None  # profile comes from plan.groups
+    cost = plan.cost(chosen)
+    if cost.evict <= cost.prefill + cost.decode:
+        return profile, reason, detail
+    spare = [
+        c
+        for p in sorted(plan.groups)
+        if p != profile
+        and (c := plan.best_backend(p)) is not None
+        and c.evicts_tokens == 0
+        and not plan.busy(c)
+    ]
+    if not spare:
+        return profile, reason, detail
+    target = min(spare, key=lambda c: (plan.cost(c).total, c.name))
+    why = f"spare {chosen.evicts_tokens} cached tokens on {chosen.name}"
+    return target.profile, "spill", f"{why}; {detail}"
+
+
+def _estimates(
+    stats: StatsView, cls: RequestClass, ready: Sequence[Candidate], settings: RoutingSettings
+) -> tuple[Mapping[str, Estimate], RequestClass]:
+    """The class's estimates; while fewer than two ready profiles are trusted there, those of
+    the nearest class that has two (same bucket other kind, then the neighbouring buckets).
+
+    Profiles rank alike in neighbouring classes far more often than the cold rules guess right,
+    so a class starts from its neighbours' ranking and then learns its own (its observations
+    land in its own cells; exploration keeps trying the others).
+    """
+    own = stats.view(cls)
+    profiles = {c.profile for c in ready}
+    if _trusted_count(own, profiles) >= 2:
+        return own, cls
+    for donor in _neighbours(cls, settings):
+        view = stats.view(donor)
+        if _trusted_count(view, profiles) >= 2:
+            return {**view, **{p: e for p, e in own.items() if e.trusted}}, donor
+    return own, cls
+
+
+def _trusted_count(view: Mapping[str, Estimate], profiles: set[str]) -> int:
+    return sum(1 for p, e in view.items() if e.trusted and p in profiles)
+
+
+def _neighbours(cls: RequestClass, settings: RoutingSettings) -> list[RequestClass]:
+    labels = bucket_labels(settings.context_buckets)
+    i = labels.index(cls.bucket)
+    other: ContentKind = "prose" if cls.kind == "code" else "code"
+    out = [RequestClass(cls.bucket, other)]
+    out += [RequestClass(labels[j], cls.kind) for j in (i - 1, i + 1) if 0 <= j < len(labels)]
+    return out
 
 
 def _place(plan: _Planner, tokens: int, cls: RequestClass) -> tuple[str, Reason, str]:
@@ -205,7 +278,8 @@ def _place(plan: _Planner, tokens: int, cls: RequestClass) -> tuple[str, Reason,
     best = min(loaded, key=lambda p: (loaded[p], p))
     idle_best = min(loaded, key=lambda p: (_unloaded(plan, p), p))
     speeds = ", ".join(f"{p} {trusted[p].decode_tok_s or 0:.1f}" for p in sorted(trusted))
-    detail = f"learned {cls.label}: {speeds} tok/s"
+    borrowed = f" (from {plan.source.label})" if plan.source != cls else ""
+    detail = f"learned {cls.label}{borrowed}: {speeds} tok/s"
     if best != idle_best:
         busy_backend = plan.best_backend(idle_best)
         if busy_backend is not None and plan.busy(busy_backend):
@@ -312,14 +386,17 @@ def _affinity(plan: _Planner, holder: Candidate, note: str) -> Decision:
     """Stay on the cache holder unless moving pays for its re-prefill (or the queue)."""
     stay = plan.cost(holder)
     trusted = plan.trusted()
-    horizon = plan.s.affinity_horizon_requests if holder.profile in trusted else 0.0
+    # The holder's decode speed counts once anything is known of it (an explored or spilled
+    # session must be able to come back to a trusted better profile cheaply).
+    known = holder.profile in plan.est and plan.est[holder.profile].decode_tok_s is not None
+    horizon = plan.s.affinity_horizon_requests if known else 0.0
     best: tuple[float, float, Candidate, _Cost] | None = None
     for p in plan.groups:
         c = plan.best_backend(p, exclude=holder.name)
         if c is None:
             continue
         move = plan.cost(c)
-        # The queue gain counts once; a decode gain (learned estimates on both sides only)
+        # The queue gain counts once; a decode gain (a trusted target, a holder with data)
         # counts over the following requests of the session.
         gain = (stay.wait - move.wait) + (
             (stay.decode - move.decode) * horizon if p in trusted else 0.0

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import random
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.features import Api, RequestFeatures, extract_features
@@ -53,6 +53,37 @@ class LearnedRow:
     samples: float
 
 
+class SlotCaches:
+    """Which sessions' prompt caches each backend still holds, modelled on llama-server's slots.
+
+    A request of a session whose prefix a slot holds reuses that slot; any other request takes
+    the least recently used one and overwrites its cache. So a backend with N slots holds the
+    caches of the N sessions it served last: an older session's next turn is re-processed
+    wherever it goes, and the policy should place it freely instead of "staying on its cache".
+    """
+
+    def __init__(self) -> None:
+        self._lru: dict[str, OrderedDict[object, int]] = {}  # key -> cached prompt tokens
+
+    def use(self, backend: str, session_key: str | None, tokens: int, slots: int) -> None:
+        lru = self._lru.setdefault(backend, OrderedDict())
+        key: object = session_key if session_key is not None else object()
+        lru[key] = tokens
+        lru.move_to_end(key)
+        while len(lru) > max(slots, 1):
+            lru.popitem(last=False)
+
+    def holds(self, backend: str, session_key: str) -> bool:
+        return session_key in self._lru.get(backend, ())
+
+    def victim_tokens(self, backend: str, session_key: str | None, slots: int) -> int:
+        """Cached tokens a request of this session would overwrite on the backend."""
+        lru = self._lru.get(backend)
+        if not lru or len(lru) < slots or (session_key is not None and session_key in lru):
+            return 0
+        return next(iter(lru.values()))
+
+
 class Router:
     def __init__(
         self,
@@ -65,8 +96,9 @@ class Router:
         self.settings = settings
         self.pool = pool
         self.stats = stats or LearnedStats(settings)
-        self._rng = rng or random.Random()
+        self._rng = rng or random.Random(settings.seed)
         self._sessions: dict[str, tuple[str, float]] = {}  # key -> (backend, last used)
+        self._caches = SlotCaches()
         self.mix: Counter[tuple[str, str, str]] = Counter()  # (model, profile, reason)
 
     def features(
@@ -87,7 +119,17 @@ class Router:
         candidates = [
             # A full backend is no candidate: llama-server would queue the request out of
             # sight; the proxy spills it elsewhere or queues it in order (proxy.admission).
-            Candidate(b.name, b.profile, b.has_room, b.in_flight, b.slots, b.name == holder)
+            # Except the session's cache holder: queueing there can cost far less than
+            # re-processing a long prompt elsewhere, and the policy weighs exactly that.
+            Candidate(
+                b.name,
+                b.profile,
+                b.has_room or (b.ready and b.name == holder),
+                b.in_flight,
+                b.slots,
+                b.name == holder,
+                self._caches.victim_tokens(b.name, features.session_key, b.slots),
+            )
             for b in self.pool.of_model(model)
             if b.name not in exclude
         ]
@@ -101,6 +143,9 @@ class Router:
             return None
         if features.session_key is not None:
             self._sessions[features.session_key] = (backend.name, time.monotonic())
+        self._caches.use(
+            backend.name, features.session_key, features.est_prompt_tokens, backend.slots
+        )
         self.mix[(model, decision.profile, decision.reason)] += 1
         cls = classify(features, self.settings)
         return Route(backend, decision.profile, decision.reason, decision.detail, cls)
@@ -115,7 +160,7 @@ class Router:
         if time.monotonic() - last_used > self.settings.session_idle_ttl_s:
             del self._sessions[session_key]
             return None
-        return name
+        return name if self._caches.holds(name, session_key) else None
 
     def forget_idle_sessions(self) -> int:
         """Drop sessions idle past the TTL (bounded memory); returns how many went."""
@@ -145,6 +190,14 @@ class Router:
         done_at: float,
         spec_delta: SpecCounters | None = None,
     ) -> Observation:
+        scale = self.settings.clock_scale
+        if scale != 1.0:  # every clock reading is scaled: their differences scale alike
+            usage = replace(
+                usage,
+                first_token_at=_scaled(usage.first_token_at, scale),
+                last_token_at=_scaled(usage.last_token_at, scale),
+            )
+            sent_at, done_at = sent_at * scale, done_at * scale
         observation = make_observation(
             usage,
             backend=route.backend.name,
@@ -154,6 +207,8 @@ class Router:
             done_at=done_at,
             spec_delta=spec_delta,
         )
+        if not self.settings.learning:
+            return observation
         self.stats.observe(route.request_class, route.profile, observation, model=features.model)
         if observation.context_tokens:
             self.stats.calibrator.observe(features, observation.context_tokens)
@@ -184,6 +239,10 @@ class Router:
             "sessions": len(self._sessions),
             "state": self.stats.load_report,
         }
+
+
+def _scaled(t: float | None, scale: float) -> float | None:
+    return None if t is None else t * scale
 
 
 def _number(value: object) -> float:

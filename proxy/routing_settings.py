@@ -36,7 +36,12 @@ class RoutingSettings(BaseModel):
         description="From this many (planned) prompt tokens on, the cold rules treat a request "
         "as long context: code -> cold_long_code_role, prose -> cold_long_prose_role.",
     )
-    cold_short_role: Role = Field(default="max", description="Cold pick below the threshold.")
+    cold_short_role: Role = Field(
+        default="min",
+        description="Cold pick below the threshold. min, not max: where max wins (short chats, "
+        "Setup B) min is within ~4 % of it, while on a GPU where n_max 3 spills VRAM (Setup A) "
+        "max is slower than no speculation at all and min nearly twice as fast.",
+    )
     cold_long_code_role: Role = Field(default="min", description="Cold pick, long-context code.")
     cold_long_prose_role: Role = Field(default="off", description="Cold pick, long prose.")
     agent_horizon_tokens: int = Field(
@@ -83,9 +88,11 @@ class RoutingSettings(BaseModel):
         "fraction of the best are explored (a wrong pick there costs a lot).",
     )
     exploration_max_tokens: int = Field(
-        default=65536,
+        default=32768,
         ge=0,
-        description="No exploration at all for prompts of this many tokens or more.",
+        description="No exploration at all for (planned) prompts of this many tokens or more: "
+        "a long prompt, or a new agent session planned at agent_horizon_tokens, stays on its "
+        "backend for its prefix cache, so a wrong exploratory pick is paid on every later turn.",
     )
 
     # --- load ------------------------------------------------------------------------------
@@ -115,6 +122,13 @@ class RoutingSettings(BaseModel):
         description="A session -> backend binding is forgotten after this idle time (the app "
         "keeps the map; llama-server evicts old slot caches anyway).",
     )
+    eviction_weight: float = Field(
+        default=0.5,
+        ge=0.0,
+        description="A new session placed on a backend whose slots all hold caches overwrites "
+        "the least recently used one; this share of that prompt's re-processing time is "
+        "counted against the placement (its session may or may not come back). 0 ignores it.",
+    )
     affinity_horizon_requests: float = Field(
         default=3.0,
         ge=0.0,
@@ -128,6 +142,27 @@ class RoutingSettings(BaseModel):
     prior_decode_tok_s: float = Field(default=30.0, gt=0.0)
     prior_prefill_tok_s: float = Field(default=1000.0, gt=0.0)
     prior_output_tokens: int = Field(default=400, gt=0)
+
+    # --- learning switch, randomness, clock ------------------------------------------------
+    learning: bool = Field(
+        default=True,
+        description="False: cold-start rules only. Nothing is learned (statistics and the "
+        "chars-per-token calibration stay as loaded) and nothing is explored; a safe mode, and "
+        "the 'rules' baseline of the routing benchmark.",
+    )
+    seed: int | None = Field(
+        default=None,
+        description="Seed of the exploration draws (None: fresh randomness per start). "
+        "Benchmarks set it so that runs repeat.",
+    )
+    clock_scale: float = Field(
+        default=1.0,
+        gt=0.0,
+        description="Backend seconds per second of the proxy's clock, applied to the durations "
+        "the proxy measures itself (answers without timings: Anthropic Messages, non-stream "
+        "Responses). 1 with real backends; against simulators run with --time-scale F set F, "
+        "so clock-measured speeds are in the same seconds as the backends' own timings.",
+    )
 
     # --- persistence ---------------------------------------------------------------------
     state_file: Path | None = Field(

@@ -1,4 +1,9 @@
-"""`mtp-proxy status`: backends, routing mix and learned table of a running proxy, as tables."""
+"""`mtp-proxy status`: backends, routing mix and learned table of a running proxy, as tables.
+
+For the box without Grafana: it reads the admin endpoints (/admin/backends, /admin/routing) of a
+running proxy and prints what an operator asks first: is every backend up, where does the traffic
+go and why, and what has the proxy learned about each profile.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,15 @@ import os
 import sys
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
+
+_TIMEOUT_S = 5.0
+
+
+class StatusError(Exception):
+    """The proxy could not be read; the message says why in an operator's words."""
 
 
 def print_status(url: str, admin_key: str | None) -> int:
@@ -16,79 +28,136 @@ def print_status(url: str, admin_key: str | None) -> int:
     try:
         backends = _get(url, "/admin/backends", key)["backends"]
         routing = _get(url, "/admin/routing", key)
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"mtp-proxy status: cannot read {url}: {exc}", file=sys.stderr)
+    except StatusError as exc:
+        print(f"mtp-proxy status: {exc}", file=sys.stderr)
         return 1
-    print(render_status(backends, routing))
+    except (KeyError, TypeError):
+        print(f"mtp-proxy status: {url} does not answer like mtp-proxy", file=sys.stderr)
+        return 1
+    print(render_status(url, backends, routing))
     return 0
 
 
-def render_status(backends: list[dict[str, Any]], routing: dict[str, Any]) -> str:
+def render_status(url: str, backends: list[dict[str, Any]], routing: dict[str, Any]) -> str:
+    ready = sum(1 for b in backends if b.get("state") == "ready")
+    summary = (
+        f"mtp-proxy at {url}: {ready}/{len(backends)} backends ready, "
+        f"{routing.get('sessions', 0)} sessions tracked, learned state: {routing.get('state')}"
+    )
     sections = [
+        summary,
+        "",
         "Backends",
-        _table(
-            ["backend", "profile", "state", "pid", "restarts", "in-flight", "uptime"],
-            [
-                [
-                    b.get("name"),
-                    b.get("profile"),
-                    b.get("state"),
-                    b.get("pid"),
-                    b.get("restarts"),
-                    b.get("in_flight"),
-                    _seconds(b.get("uptime_s")),
-                ]
-                for b in backends
-            ],
-        ),
+        _backends_table(backends),
         "",
         "Routing mix (decisions since start)",
-        _table(
-            ["model", "profile", "reason", "requests"],
-            [[m["model"], m["profile"], m["reason"], m["count"]] for m in routing.get("mix", [])],
-        ),
+        _mix_table(routing.get("mix", [])),
         "",
-        "Learned table",
-        _table(
-            ["model", "class", "profile", "acceptance", "decode tok/s", "samples", "trusted"],
-            [
-                [
-                    r["model"],
-                    r["request_class"],
-                    r["profile"],
-                    _ratio(r.get("acceptance")),
-                    _number(r.get("decode_tok_s")),
-                    _number(r.get("samples")),
-                    "yes" if r.get("trusted") else "no",
-                ]
-                for r in routing.get("learned", [])
-            ],
-        ),
+        "Learned table (per request class and profile)",
+        _learned_table(routing.get("learned", [])),
     ]
     return "\n".join(sections)
 
 
+def _backends_table(backends: list[dict[str, Any]]) -> str:
+    return _table(
+        ["backend", "profile", "state", "pid", "restarts", "in-flight", "uptime", "last error"],
+        [
+            [
+                b.get("name"),
+                b.get("profile"),
+                b.get("state"),
+                b.get("pid"),
+                b.get("restarts"),
+                _in_flight(b.get("in_flight"), b.get("slots")),
+                _seconds(b.get("uptime_s")),
+                _short(b.get("last_error")),
+            ]
+            for b in backends
+        ],
+    )
+
+
+def _mix_table(mix: list[dict[str, Any]]) -> str:
+    per_model: Counter[str] = Counter()
+    for row in mix:
+        per_model[row["model"]] += row["count"]
+    return _table(
+        ["model", "profile", "reason", "requests", "share"],
+        [
+            [
+                m["model"],
+                m["profile"],
+                m["reason"],
+                m["count"],
+                _ratio(m["count"] / per_model[m["model"]] if per_model[m["model"]] else None),
+            ]
+            for m in mix
+        ],
+    )
+
+
+def _learned_table(learned: list[dict[str, Any]]) -> str:
+    return _table(
+        ["model", "class", "profile", "acceptance", "decode tok/s", "samples", "trusted"],
+        [
+            [
+                r["model"],
+                r["request_class"],
+                r["profile"],
+                _ratio(r.get("acceptance")),
+                _number(r.get("decode_tok_s")),
+                r.get("samples"),
+                "yes" if r.get("trusted") else "no",
+            ]
+            for r in learned
+        ],
+    )
+
+
 def _get(url: str, path: str, key: str | None) -> Any:
     if not url.startswith(("http://", "https://")):
-        raise ValueError(f"not an http(s) URL: {url}")
-    request = urllib.request.Request(url.rstrip("/") + path)  # noqa: S310 - checked above
+        raise StatusError(f"--url must be an http:// or https:// URL, not {url!r}")
+    request = urllib.request.Request(url.rstrip("/") + path)  # noqa: S310 - scheme checked above
     if key:
         request.add_header("Authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 - admin URL
+        with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:  # noqa: S310
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        raise ValueError(f"{path} answered {exc.code} (admin key set?)") from None
+        raise StatusError(_http_problem(url, path, exc.code)) from None
+    except urllib.error.URLError as exc:
+        raise StatusError(
+            f"cannot reach mtp-proxy at {url} ({exc.reason}); is it running?"
+        ) from None
+    except (OSError, ValueError) as exc:  # timeouts, resets, a body that is not JSON
+        raise StatusError(f"no usable answer from {url}{path}: {exc}") from None
+
+
+def _http_problem(url: str, path: str, code: int) -> str:
+    if code == 401:
+        return f"{url} refused the admin key: pass --admin-key or set MTP_PROXY_ADMIN_KEY"
+    if code == 404:
+        return f"{url}{path} answered 404: admin endpoints off (server.admin_key) or no mtp-proxy"
+    return f"{url}{path} answered HTTP {code}"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     cells = [[str(h) for h in header]] + [["-" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     if not rows:
         lines.append("(none yet)")
     return "\n".join(lines)
+
+
+def _in_flight(in_flight: object, slots: object) -> str:
+    if not isinstance(in_flight, int):
+        return "-"
+    return f"{in_flight}/{slots}" if isinstance(slots, int) else str(in_flight)
 
 
 def _ratio(value: object) -> str:
@@ -100,4 +169,15 @@ def _number(value: object) -> str:
 
 
 def _seconds(value: object) -> str:
-    return f"{value:.0f}s" if isinstance(value, int | float) else "-"
+    if not isinstance(value, int | float):
+        return "-"
+    minutes, seconds = divmod(int(value), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+
+
+def _short(value: object, limit: int = 40) -> str | None:
+    if not value:
+        return None
+    text = str(value).replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"

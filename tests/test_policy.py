@@ -14,8 +14,11 @@ from proxy.routing_settings import RoutingSettings
 from proxy.stats import LearnedStats, RequestClass, classify_tokens
 from proxy.telemetry import Observation
 
-S = RoutingSettings()
-NO_EXPLORE = RoutingSettings(exploration_rate=0.0)
+# Most tests exercise mechanisms (fallback, guard, spill, affinity) around a cold rule that sends
+# short requests to max; the default short pick (min) has its own test.
+S = RoutingSettings(cold_short_role="max")
+NO_EXPLORE = RoutingSettings(exploration_rate=0.0, cold_short_role="max")
+DEFAULT_NO_EXPLORE = RoutingSettings(exploration_rate=0.0)
 
 
 def feat(
@@ -155,20 +158,22 @@ def test_pin_to_missing_profile_falls_through() -> None:
 @pytest.mark.parametrize(
     ("tokens", "kind", "agentic", "profile"),
     [
-        (500, "prose", False, "max"),  # short chat
-        (3000, "code", False, "max"),  # short code edit
+        (500, "prose", False, "min"),  # short chat: min is never far from the best
+        (3000, "code", False, "min"),  # short code edit
         (40_000, "code", False, "min"),  # long-context code
         (40_000, "prose", False, "off"),  # long prose
         (2000, "code", True, "min"),  # a new agent session is placed for what it becomes
     ],
 )
 def test_cold_rules(tokens: int, kind: ContentKind, agentic: bool, profile: str) -> None:
-    d = run(feat(tokens, kind, agentic=agentic), pool())
+    d = run(feat(tokens, kind, agentic=agentic), pool(), settings=DEFAULT_NO_EXPLORE)
     assert (d.profile, d.reason) == (profile, "rule")
+    d = run(feat(tokens, kind, agentic=agentic), pool(), settings=NO_EXPLORE)
+    assert d.profile == ("max" if tokens < 32768 and not agentic else profile)
 
 
 def test_agent_horizon_can_be_disabled() -> None:
-    settings = RoutingSettings(agent_horizon_tokens=0, exploration_rate=0)
+    settings = RoutingSettings(agent_horizon_tokens=0, exploration_rate=0, cold_short_role="max")
     assert run(feat(2000, "code", agentic=True), pool(), settings=settings).profile == "max"
 
 
@@ -259,7 +264,7 @@ def test_replica_of_same_profile_before_spilling() -> None:
 
 
 def test_spill_threshold_below_one() -> None:
-    settings = RoutingSettings(spill_threshold=0.5, exploration_rate=0)
+    settings = RoutingSettings(spill_threshold=0.5, exploration_rate=0, cold_short_role="max")
     # busy at 2/4: no queue yet, but the load-discounted max loses to an idle min
     d = run(feat(), pool(max_=2), settings=settings)
     assert (d.profile, d.reason) == ("min", "spill")
@@ -353,7 +358,7 @@ def test_no_exploration_at_rate_zero_with_holder_or_huge_prompt() -> None:
 
 
 def test_never_explores_known_much_worse_on_long_context() -> None:
-    settings = RoutingSettings(exploration_rate=0.2)
+    settings = RoutingSettings(exploration_rate=0.2, exploration_max_tokens=65536)
     stats = LearnedStats(settings)
     cls = cls_of(40_000, "code")
     train(stats, cls, "off", 40.0)
@@ -372,7 +377,7 @@ def test_never_explores_known_much_worse_on_long_context() -> None:
 
 
 def test_long_context_guarded_profile_not_explored() -> None:
-    settings = RoutingSettings(exploration_rate=0.2)
+    settings = RoutingSettings(exploration_rate=0.2, exploration_max_tokens=65536)
     stats = LearnedStats(settings)
     cls = cls_of(40_000, "code")
     train(stats, cls, "max", 50.0, acceptance=0.2, out=2)  # acceptance known, speed not

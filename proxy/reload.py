@@ -1,0 +1,143 @@
+"""SIGHUP: re-read the configuration file and apply its models to the running pool.
+
+Only the models (and so the backends) change at a reload: unchanged backends keep running, new
+ones start, removed ones drain and stop, and a changed one is replaced start-first, so a model
+never loses its last ready backend (`Supervisor.reload`). A FAILED backend is given another try.
+The listener, timeouts, supervisor timings and routing settings stay as the proxy started with
+them; a reload that changes them says so in the log. A configuration that does not validate is
+logged and ignored: the running pool stays as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import structlog
+
+from proxy import sdnotify
+from proxy.settings import ConfigError, Settings, backend_slots, backend_specs, load_settings
+from proxy.state import ModelCatalog, ProxyState
+from supervisor.commandline import LlamaServerNotFoundError
+from supervisor.spec import BackendSpec
+from supervisor.states import BackendState
+
+log = structlog.get_logger("proxy.reload")
+
+# Sections a reload does not apply (the server's host and port may come from the command line).
+_FIXED_SECTIONS = ("server", "log", "supervisor", "routing")
+_COMMAND_LINE_FIELDS = {"host", "port"}
+
+
+class Reloader:
+    """Applies reloads one at a time; `request()` is the SIGHUP handler."""
+
+    def __init__(self, state: ProxyState, config_path: Path | None) -> None:
+        self._state = state
+        self._path = config_path
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[bool]] = set()
+        self._closed = False
+
+    def request(self) -> None:
+        """Schedule a reload (signal handlers must not block)."""
+        if self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(self.reload(), name="config reload")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def reload(self) -> bool:
+        """Re-read the file and apply it; False when it was not applied (the reason is logged)."""
+        async with self._lock:
+            if self._closed:
+                return False
+            if self._path is None:
+                log.warning("reload_skipped", reason="started without --config: nothing to re-read")
+                return False
+            loaded = await asyncio.to_thread(_load, self._path)
+            if isinstance(loaded, str):
+                log.error("reload_failed", path=str(self._path), error=loaded, kept="running pool")
+                return False
+            settings, specs, slots = loaded
+            try:
+                await self._apply(settings, specs, slots)
+            except Exception:  # a bug: log it here, a signal-started task has no caller
+                log.exception("reload_crashed", path=str(self._path))
+                return False
+            return True
+
+    def close(self) -> None:
+        """At shutdown: refuse further reloads (one under way ends when the supervisor stops)."""
+        self._closed = True
+
+    async def wait_closed(self) -> None:
+        """Wait for reload tasks still running (call after the supervisor stopped)."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+    async def _apply(
+        self, settings: Settings, specs: list[BackendSpec], slots: dict[str, int]
+    ) -> None:
+        state = self._state
+        supervisor = state.supervisor
+        if supervisor is None:
+            log.warning("reload_skipped", reason="the backend pool is not running")
+            return
+        _warn_fixed(state.settings, settings)
+        before = {backend.name: backend.spec for backend in supervisor.backends}
+        wanted = {spec.name: spec for spec in specs}
+        sdnotify.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        _adopt_models(state, settings, specs, slots)
+        await supervisor.reload(specs)
+        for name in before.keys() - wanted.keys():
+            state.pool.remove(name)  # only now: a removed backend's drain reads its in_flight
+        for name, count in slots.items():
+            if (slot := state.pool.get(name)) is not None:
+                slot.slots = count
+        sdnotify.notify("READY=1")
+        log.info(
+            "reloaded",
+            path=str(self._path),
+            added=sorted(wanted.keys() - before.keys()),
+            removed=sorted(before.keys() - wanted.keys()),
+            changed=sorted(n for n, spec in wanted.items() if n in before and before[n] != spec),
+            states={backend.name: str(backend.state) for backend in supervisor.backends},
+        )
+
+
+def _adopt_models(
+    state: ProxyState, settings: Settings, specs: list[BackendSpec], slots: dict[str, int]
+) -> None:
+    """Before the backends change: a new model answers 503 (starting), not 404, while it
+    loads; a removed one 404s at once while its requests in flight finish."""
+    state.settings = state.settings.model_copy(update={"models": settings.models})
+    state.models = ModelCatalog(settings.models)
+    state.metrics.prime({m.name: [p.name for p in m.profiles] for m in settings.models})
+    for spec in specs:
+        if state.pool.get(spec.name) is None:
+            state.pool.update(spec, BackendState.STARTING, base_url=None, slots=slots[spec.name])
+
+
+def _load(path: Path) -> tuple[Settings, list[BackendSpec], dict[str, int]] | str:
+    """The new settings and backends, or what is wrong with them (blocking: file reads)."""
+    try:
+        settings = load_settings(path)
+        return settings, backend_specs(settings), backend_slots(settings)
+    except ConfigError as exc:
+        return "; ".join(exc.problems)
+    except (OSError, ValueError, LlamaServerNotFoundError) as exc:
+        return str(exc)
+
+
+def _warn_fixed(running: Settings, new: Settings) -> None:
+    changed = []
+    for section in _FIXED_SECTIONS:
+        exclude = _COMMAND_LINE_FIELDS if section == "server" else None
+        old_value = getattr(running, section).model_dump(exclude=exclude)
+        new_value = getattr(new, section).model_dump(exclude=exclude)
+        if old_value != new_value:
+            changed.append(section)
+    if changed:
+        log.warning("reload_partial", not_applied=changed, reason="these take a restart")
