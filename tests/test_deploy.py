@@ -300,8 +300,8 @@ def unit_value(key: str) -> str:
 
 
 def verify_root(tmp_path: Path) -> tuple[Path, Path]:
-    """A root directory holding the unit byte for byte, an executable at its ExecStart path and
-    the host's stock units (the targets it orders itself against)."""
+    """A root directory holding the unit byte for byte, an executable at its ExecStart path, the
+    ExecReload command and the host's stock units (the targets it orders itself against)."""
     root = tmp_path / "root"
     units = root / "etc" / "systemd" / "system"
     units.mkdir(parents=True)
@@ -309,6 +309,9 @@ def verify_root(tmp_path: Path) -> tuple[Path, Path]:
     candidates = (Path("/usr/lib/systemd/system"), Path("/lib/systemd/system"))
     stock = next(d for d in candidates if d.is_dir())
     shutil.copytree(stock, root / "usr" / "lib" / "systemd" / "system", symlinks=True)
+    reload_command = root / unit_value("ExecReload").split()[0].lstrip("/")
+    reload_command.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(unit_value("ExecReload").split()[0], reload_command)
     binary = root / unit_value("ExecStart").split()[0].lstrip("/")
     binary.parent.mkdir(parents=True)
     binary.write_text("#!/bin/sh\nexit 0\n")
