@@ -17,12 +17,12 @@ from pathlib import Path
 import aiohttp
 import structlog
 from aiohttp import web
-from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry
 
 from proxy import admin, handlers, sdnotify
 from proxy.admission import Admission
 from proxy.collectors import PoolCollector
+from proxy.drain import REQUESTS, RequestCount, count_requests, drain
 from proxy.forward import Timeouts
 from proxy.metrics import ProxyMetrics
 from proxy.middlewares import auth_middleware, error_middleware
@@ -43,44 +43,6 @@ ShutdownTrigger = Callable[[], Awaitable[object]]
 _CUT_GRACE_S = 0.1  # after the drain, twice: aiohttp waits, cancels, waits, then cuts
 
 
-class RequestCount:
-    """Requests being handled (streams included), so that shutdown can wait for them."""
-
-    def __init__(self) -> None:
-        self.active = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    @contextlib.contextmanager
-    def track(self) -> Iterator[None]:
-        self.active += 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            self.active -= 1
-            if self.active == 0:
-                self._idle.set()
-
-    async def wait_idle(self, timeout_s: float) -> bool:
-        """True once no request is in flight; False if some still are after timeout_s."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._idle.wait()
-        except TimeoutError:
-            return False
-        return True
-
-
-REQUESTS = web.AppKey("requests", RequestCount)
-
-
-@web.middleware
-async def _count_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
-    with request.app[REQUESTS].track():
-        return await handler(request)
-
-
 def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Application:
     server = settings.server
     pool = BackendPool()
@@ -98,7 +60,7 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
     )
     app = web.Application(
         client_max_size=server.max_body_bytes,
-        middlewares=[_count_requests, error_middleware, auth_middleware],
+        middlewares=[count_requests, error_middleware, auth_middleware],
     )
     app[STATE] = state
     app[REQUESTS] = RequestCount()
@@ -245,24 +207,9 @@ async def serve(
         log.info("shutting_down")
     finally:
         reloader.close()  # a reload under way ends once the supervisor stops
-        await _drain(runner, app[REQUESTS], settings.supervisor.drain_timeout_s)
+        await drain(runner, app[REQUESTS], settings.supervisor.drain_timeout_s)
         await runner.cleanup()
         await reloader.wait_closed()
-
-
-async def _drain(runner: web.AppRunner, requests: RequestCount, timeout_s: float) -> None:
-    """Stop accepting connections and let the requests in flight finish, up to timeout_s.
-
-    aiohttp's own shutdown would wait up to twice its timeout (once for the handlers, once
-    more after cancelling their request bodies), so the wait is done here and aiohttp's kept
-    short for what is left.
-    """
-    for site in list(runner.sites):
-        await site.stop()
-    if runner.server is not None:
-        runner.server.pre_shutdown()  # idle keep-alive connections close now, busy ones after
-    if not await requests.wait_idle(timeout_s):
-        log.warning("drain_timed_out", in_flight=requests.active, timeout_s=timeout_s)
 
 
 def _tune_gc() -> None:
