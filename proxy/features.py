@@ -11,6 +11,7 @@ raises ``FeatureError`` (a ValueError), which the app maps to 400.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -70,6 +71,15 @@ _AGENT_WORDS = (
 )
 _AGENT_MIN_WORDS = 3
 _CODE_SCORE = 3
+# A request for code in plain words ("write a Python function that ...") has no code in its
+# prompt yet, but its answer is code, and the answer is what the drafter has to guess.
+_CODE_REQUEST = re.compile(
+    r"\b(?:write|implement|fix|refactor|debug|optimi[sz]e|port|rewrite)\b[^.?!\n]{0,80}?"
+    r"\b(?:code|function|script|program|class|method|module|snippet|bug|tests?|query|regex"
+    r"|python|javascript|typescript|rust|golang|java|sql|bash|shell|c\+\+|html|css|api)\b",
+    re.IGNORECASE,
+)
+_REQUEST_CHARS = 600  # the head of the latest text segment that is searched for such a request
 
 
 class FeatureError(ValueError):
@@ -371,6 +381,8 @@ def _code_score(w: _Walk, has_tools: bool) -> tuple[int, bool]:
     score += 2 if sym >= 6.0 else 1 if sym >= 2.0 else 0
     if (sample.count("\n    ") + sample.count("\n\t")) / n >= 5.0:
         score += 1
+    if w.segments and _CODE_REQUEST.search(w.segments[-1][:_REQUEST_CHARS]):
+        score += 3
     if w.tool_calls or w.tool_results:
         score += 1
     if has_tools:

@@ -209,8 +209,8 @@ def _spare_cache(
     plan: _Planner, profile: str, reason: Reason, detail: str
 ) -> tuple[str, Reason, str]:
     """Cold placement that would overwrite a long cached prompt (an agent's, a document's)
-    goes to a profile with a free slot instead, when that re-processing would cost more than
-    this whole request. The learned path weighs the same cost in _Planner.cost."""
+    goes to another profile whose backend overwrites less, when that re-processing would cost
+    more than this whole request. The learned path weighs the same cost in _Planner.cost."""
     chosen = plan.best_backend(profile)
     assert chosen is not None  # profile comes from plan.groups
     cost = plan.cost(chosen)
@@ -219,14 +219,11 @@ def _spare_cache(
     spare = [
         c
         for p in sorted(plan.groups)
-        if p != profile
-        and (c := plan.best_backend(p)) is not None
-        and c.evicts_tokens == 0
-        and not plan.busy(c)
+        if p != profile and (c := plan.best_backend(p)) is not None and not plan.busy(c)
     ]
-    if not spare:
+    target = min(spare, key=lambda c: (plan.cost(c).total, c.name), default=None)
+    if target is None or plan.cost(target).total >= cost.total:
         return profile, reason, detail
-    target = min(spare, key=lambda c: (plan.cost(c).total, c.name))
     why = f"spare {chosen.evicts_tokens} cached tokens on {chosen.name}"
     return target.profile, "spill", f"{why}; {detail}"
 

@@ -150,6 +150,13 @@ class Router:
         cls = classify(features, self.settings)
         return Route(backend, decision.profile, decision.reason, decision.detail, cls)
 
+    def pinned_profile(self, model: str, features: RequestFeatures) -> str | None:
+        """The profile a client pinned with the pin header, if the model has it."""
+        if not features.pinned_profile:
+            return None
+        profile = self.settings.resolve_pin(features.pinned_profile)
+        return profile if any(b.profile == profile for b in self.pool.of_model(model)) else None
+
     def _holder(self, session_key: str | None) -> str | None:
         if session_key is None:
             return None

@@ -268,6 +268,12 @@ def test_messages_system_string_and_plain_turns_are_prose() -> None:
         (code_text(3000), "code"),
         ("please apply:\n" + DIFF, "code"),
         ("int main(void) { for (int i = 0; i < n; i++) { sum += a[i]; } return 0; }", "code"),
+        # a request for code in plain words: the answer will be code
+        ("Write a Python function that checks whether a string is a palindrome.", "code"),
+        ("Can you implement binary search in JavaScript for me?", "code"),
+        ("Write a short poem about autumn rain.", "prose"),
+        ("Help me write a polite email asking my landlord to fix the heating.", "prose"),
+        ("I will fix dinner. The test of the new oven is tomorrow.", "prose"),
     ],
 )
 def test_content_kind(text: str, kind: str) -> None:

@@ -14,11 +14,8 @@ from proxy.routing_settings import RoutingSettings
 from proxy.stats import LearnedStats, RequestClass, classify_tokens
 from proxy.telemetry import Observation
 
-# Most tests exercise mechanisms (fallback, guard, spill, affinity) around a cold rule that sends
-# short requests to max; the default short pick (min) has its own test.
-S = RoutingSettings(cold_short_role="max")
-NO_EXPLORE = RoutingSettings(exploration_rate=0.0, cold_short_role="max")
-DEFAULT_NO_EXPLORE = RoutingSettings(exploration_rate=0.0)
+S = RoutingSettings()
+NO_EXPLORE = RoutingSettings(exploration_rate=0.0)
 
 
 def feat(
@@ -158,22 +155,20 @@ def test_pin_to_missing_profile_falls_through() -> None:
 @pytest.mark.parametrize(
     ("tokens", "kind", "agentic", "profile"),
     [
-        (500, "prose", False, "min"),  # short chat: min is never far from the best
-        (3000, "code", False, "min"),  # short code edit
+        (500, "prose", False, "max"),  # short chat
+        (3000, "code", False, "max"),  # short code edit
         (40_000, "code", False, "min"),  # long-context code
         (40_000, "prose", False, "off"),  # long prose
         (2000, "code", True, "min"),  # a new agent session is placed for what it becomes
     ],
 )
 def test_cold_rules(tokens: int, kind: ContentKind, agentic: bool, profile: str) -> None:
-    d = run(feat(tokens, kind, agentic=agentic), pool(), settings=DEFAULT_NO_EXPLORE)
+    d = run(feat(tokens, kind, agentic=agentic), pool())
     assert (d.profile, d.reason) == (profile, "rule")
-    d = run(feat(tokens, kind, agentic=agentic), pool(), settings=NO_EXPLORE)
-    assert d.profile == ("max" if tokens < 32768 and not agentic else profile)
 
 
 def test_agent_horizon_can_be_disabled() -> None:
-    settings = RoutingSettings(agent_horizon_tokens=0, exploration_rate=0, cold_short_role="max")
+    settings = RoutingSettings(agent_horizon_tokens=0, exploration_rate=0)
     assert run(feat(2000, "code", agentic=True), pool(), settings=settings).profile == "max"
 
 
@@ -264,7 +259,7 @@ def test_replica_of_same_profile_before_spilling() -> None:
 
 
 def test_spill_threshold_below_one() -> None:
-    settings = RoutingSettings(spill_threshold=0.5, exploration_rate=0, cold_short_role="max")
+    settings = RoutingSettings(spill_threshold=0.5, exploration_rate=0)
     # busy at 2/4: no queue yet, but the load-discounted max loses to an idle min
     d = run(feat(), pool(max_=2), settings=settings)
     assert (d.profile, d.reason) == ("min", "spill")
@@ -407,10 +402,12 @@ def test_thompson_rarely_explores_well_separated_profiles() -> None:
 def test_exploration_gate_uses_the_passed_draws() -> None:
     settings = RoutingSettings(exploration_rate=0.05)
     stats = LearnedStats(settings)
+    train(stats, cls_of(500), "off", 38.0)
+    train(stats, cls_of(500), "max", 39.0)
     d = decide(feat(), pool(), stats, settings, Draws(0.01))
     assert d is not None and d.reason == "explore"
     d = decide(feat(), pool(), stats, settings, Draws(0.06))
-    assert d is not None and d.reason == "rule"
+    assert d is not None and d.reason == "learned"
 
 
 def test_decisions_are_deterministic_for_a_seed() -> None:
@@ -444,3 +441,81 @@ def test_per_model_stats_view() -> None:
     assert da is not None and db is not None
     assert (da.profile, da.reason) == ("max", "learned")
     assert (db.profile, db.reason) == ("off", "learned")
+
+
+# --- learning off, borrowed rankings, cache-aware placement -----------------------------------
+
+
+def test_learning_off_is_the_cold_rules_only() -> None:
+    settings = RoutingSettings(learning=False, exploration_rate=0.2)
+    stats = LearnedStats(settings)
+    assert _mix(feat(), pool(), stats, settings, 500).keys() == {("rule", "max")}
+
+
+def test_new_agent_sessions_and_long_prompts_are_not_explored() -> None:
+    settings = RoutingSettings(exploration_rate=0.2)
+    stats = LearnedStats(settings)
+    agent = _mix(feat(2000, "code", agentic=True), pool(), stats, settings, 500)
+    assert agent.keys() == {("rule", "min")}  # planned at 32k tokens: a wrong pick is sticky
+    assert _mix(feat(40_000, "prose"), pool(), stats, settings, 500).keys() == {("rule", "off")}
+    assert any(r == "explore" for r, _ in _mix(feat(), pool(), stats, settings, 500))
+
+
+def test_an_unlearned_class_borrows_its_neighbours_ranking() -> None:
+    stats = LearnedStats(NO_EXPLORE)
+    train(stats, cls_of(500, "prose"), "off", 38.0)
+    train(stats, cls_of(500, "prose"), "max", 20.0)  # max is slow on this GPU
+    d = run(feat(500, "code"), pool(), stats)
+    assert (d.profile, d.reason) == ("off", "learned")
+    assert "(from <4k/prose)" in d.detail
+    # the class's own trusted estimates win over the borrowed ones
+    train(stats, cls_of(500, "code"), "off", 10.0)
+    d = run(feat(500, "code"), pool(), stats)
+    assert (d.profile, d.reason) == ("max", "learned")
+    # a neighbouring bucket lends too; far buckets do not
+    assert run(feat(6000, "prose"), pool(), stats).detail.endswith("tok/s")
+    assert run(feat(20_000, "prose"), pool(), stats).reason == "rule"
+
+
+def test_cold_placement_spares_a_long_cached_prompt() -> None:
+    def cands(evicts: int) -> list[Candidate]:
+        return [
+            Candidate("b-off", "off", True, 0, 4),
+            Candidate("b-min", "min", True, 0, 4),
+            Candidate("b-max", "max", True, 0, 4, evicts_tokens=evicts),
+        ]
+
+    d = run(feat(500), cands(80_000))  # the rule's max would overwrite an agent's cache
+    assert d.reason == "spill" and d.profile != "max"
+    assert "spare 80000 cached tokens on b-max" in d.detail
+    assert run(feat(500), cands(300)).profile == "max"  # a cheap victim is overwritten
+
+
+def test_learned_placement_counts_the_cache_it_overwrites() -> None:
+    stats = LearnedStats(NO_EXPLORE)
+    cls = cls_of(500)
+    train(stats, cls, "min", 55.0)
+    train(stats, cls, "max", 60.0)
+    assert run(feat(), pool(), stats).profile == "max"
+    cands = [*pool()[:2], Candidate("b-max", "max", True, 0, 4, evicts_tokens=100_000)]
+    d = run(feat(), cands, stats)
+    assert (d.profile, d.reason) == ("min", "learned")
+
+
+def test_replicas_prefer_the_one_that_overwrites_nothing() -> None:
+    cands = [
+        Candidate("max-1", "max", True, 0, 4, evicts_tokens=50_000),
+        Candidate("max-2", "max", True, 0, 4),
+    ]
+    assert run(feat(pin="max"), cands).backend == "max-2"
+
+
+def test_affinity_leaves_an_unproven_holder_for_a_trusted_better_profile() -> None:
+    stats = LearnedStats(NO_EXPLORE)
+    cls = cls_of(1000)
+    train(stats, cls, "off", 30.0, n=2)  # explored once or twice: not trusted yet
+    train(stats, cls, "max", 60.0)
+    train(stats, cls, "min", 50.0)
+    d = run(feat(1000), pool(holder="off"), stats)
+    assert (d.profile, d.reason) == ("max", "learned")
+    assert "left b-off" in d.detail

@@ -1,0 +1,138 @@
+"""Summaries of replayed policies, their ratios, the readable table and the optional plot.
+
+Goodput = output tokens / seconds the client waited for them (sum over requests, send to last
+byte), in simulated seconds (wall x time scale) so runs at different time scales compare.
+Decode tok/s comes from the backends' own timings (answers without timings are left out).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.routing_replay import Outcome
+
+STATIC_PREFIX = "static:"
+
+
+@dataclass
+class PolicyRun:
+    policy: str
+    time_scale: float
+    outcomes: list[Outcome]
+    errors: list[str]
+    wall_s: float
+    classes: dict[int, str] = field(default_factory=dict)  # request index -> proxy's class
+
+    def summary(self) -> dict[str, Any]:
+        out = sum(o.output_tokens for o in self.outcomes)
+        latencies = sorted(o.latency * self.time_scale for o in self.outcomes)
+        waited = sum(latencies)
+        timed = [o for o in self.outcomes if o.predicted_n and o.predicted_ms]
+        decode_ms = sum(o.predicted_ms or 0.0 for o in timed)
+        mix = Counter(o.profile for o in self.outcomes)
+        return {
+            "requests": len(self.outcomes),
+            "errors": len(self.errors),
+            "output_tokens": out,
+            "goodput_tok_s": out / waited if waited > 0 else 0.0,
+            "decode_tok_s": (
+                1e3 * sum(o.predicted_n or 0 for o in timed) / decode_ms if decode_ms else 0.0
+            ),
+            "latency_mean_s": waited / len(latencies) if latencies else math.nan,
+            "latency_p95_s": _percentile(latencies, 0.95),
+            "wall_s": round(self.wall_s, 2),
+            "mix": dict(sorted(mix.items())),
+        }
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    if not ordered:
+        return math.nan
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def ratios(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """adaptive_vs_oracle, adaptive_vs_best_static, rules_vs_best_static and the oracle's gain."""
+    goodput = {name: float(s["goodput_tok_s"]) for name, s in summaries.items()}
+    statics = {n: g for n, g in goodput.items() if n.startswith(STATIC_PREFIX)}
+    out: dict[str, Any] = {}
+    if statics:
+        best = max(statics, key=lambda n: statics[n])
+        out["best_static"] = best
+        base = statics[best]
+    else:
+        base = math.nan
+
+    def ratio(a: str, b: float) -> float | None:
+        return round(goodput[a] / b, 4) if a in goodput and b > 0 else None
+
+    out["adaptive_vs_oracle"] = ratio("adaptive", goodput.get("oracle", math.nan))
+    out["adaptive_vs_best_static"] = ratio("adaptive", base)
+    out["rules_vs_best_static"] = ratio("rules", base)
+    out["oracle_vs_best_static"] = ratio("oracle", base)
+    if {"adaptive", "oracle"} <= goodput.keys() and statics:
+        gain = goodput["oracle"] - base
+        captured = (goodput["adaptive"] - base) / gain if gain > 0 else None
+        out["gain_captured"] = None if captured is None else round(captured, 4)
+    return out
+
+
+def table(preset: str, summaries: dict[str, dict[str, Any]], rat: dict[str, Any]) -> str:
+    head = (
+        f"{'policy':<12} {'goodput':>8} {'decode':>8} {'lat mean':>9} {'lat p95':>9} "
+        f"{'req':>4} {'err':>3}  profiles"
+    )
+    lines = [f"preset {preset} (tok/s; latency in simulated s)", head, "-" * len(head)]
+    for name, s in summaries.items():
+        mix = " ".join(f"{p}:{n}" for p, n in s["mix"].items())
+        lines.append(
+            f"{name:<12} {s['goodput_tok_s']:8.2f} {s['decode_tok_s']:8.2f} "
+            f"{s['latency_mean_s']:9.1f} {s['latency_p95_s']:9.1f} {s['requests']:4d} "
+            f"{s['errors']:3d}  {mix}"
+        )
+    lines.append(
+        "  ".join(f"{k} {v}" for k, v in rat.items() if v is not None)
+        or "(no ratios: adaptive, oracle or static missing)"
+    )
+    return "\n".join(lines)
+
+
+def plot(path: Path, runs: dict[str, dict[str, PolicyRun]]) -> None:
+    """Goodput per policy, and the profile chosen per request class over time (adaptive, oracle)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    colors = {"off": "tab:blue", "min": "tab:orange", "max": "tab:green"}
+    fig, axes = plt.subplots(len(runs), 3, figsize=(18, 4.5 * len(runs)), squeeze=False)
+    for row, (preset, by_policy) in enumerate(runs.items()):
+        names = list(by_policy)
+        values = [by_policy[n].summary()["goodput_tok_s"] for n in names]
+        ax = axes[row][0]
+        ax.bar(names, values, color="tab:gray")
+        ax.set_title(f"{preset}: goodput (tok/s, simulated)")
+        ax.tick_params(axis="x", rotation=30)
+        for col, name in ((1, "adaptive"), (2, "oracle")):
+            ax = axes[row][col]
+            run = by_policy.get(name)
+            if run is None:
+                ax.set_visible(False)
+                continue
+            labels = sorted({run.classes.get(o.index, "?") for o in run.outcomes})
+            for o in run.outcomes:
+                y = labels.index(run.classes.get(o.index, "?"))
+                ax.scatter(o.sent * run.time_scale, y, color=colors.get(o.profile, "k"), s=14)
+            ax.set_yticks(range(len(labels)), labels)
+            ax.set_xlabel("simulated seconds")
+            ax.set_title(f"{preset}: {name}, profile per request class")
+        handles = [Line2D([], [], marker="o", ls="", color=c, label=p) for p, c in colors.items()]
+        axes[row][2].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,92 @@
+"""The routing benchmark's trace format: JSON Lines, one request per line.
+
+    {"at": <seconds since start>, "session": <string or null>,
+     "path": "/v1/chat/completions" | "/v1/completions" | "/v1/responses" | "/v1/messages",
+     "body": {<the request body, as a client sends it>}}
+
+``at`` is in trace (simulated) seconds: the benchmark divides it by the simulator's time scale.
+Turns of one session are sent in order, each no earlier than its ``at`` and after the previous
+turn finished; requests without a session are sent at their ``at``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+API_OF_PATH = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+"""The simulator's name of each API (its /sim/predict takes it as "api")."""
+
+
+class TraceError(ValueError):
+    """A trace line is not a request record; the message names the line."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    index: int  # position in the trace (requests are numbered in file order)
+    at: float
+    session: str | None
+    path: str
+    body: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"at": self.at, "session": self.session, "path": self.path, "body": self.body}
+
+
+def parse_line(index: int, line: str) -> TraceRequest:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"line {index + 1}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise TraceError(f"line {index + 1}: expected an object")
+    at, session, path, body = (data.get(k) for k in ("at", "session", "path", "body"))
+    if isinstance(at, bool) or not isinstance(at, int | float) or at < 0:
+        raise TraceError(f"line {index + 1}: 'at' must be a number >= 0")
+    if session is not None and not isinstance(session, str):
+        raise TraceError(f"line {index + 1}: 'session' must be a string or null")
+    if path not in PATHS:
+        raise TraceError(f"line {index + 1}: 'path' must be one of {', '.join(PATHS)}")
+    if not isinstance(body, dict):
+        raise TraceError(f"line {index + 1}: 'body' must be an object")
+    return TraceRequest(index, float(at), session, path, body)
+
+
+def read_trace(path: Path) -> list[TraceRequest]:
+    with path.open(encoding="utf-8") as f:
+        lines = [line for line in f if line.strip()]
+    return [parse_line(i, line) for i, line in enumerate(lines)]
+
+
+def write_trace(path: Path, requests: Iterable[TraceRequest]) -> int:
+    """Write the trace (one compact JSON object per line); returns the bytes written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    size = 0
+    with path.open("w", encoding="utf-8") as f:
+        for line in dump_lines(requests):
+            f.write(line)
+            size += len(line.encode())
+    return size
+
+
+def dump_lines(requests: Iterable[TraceRequest]) -> Iterator[str]:
+    for r in requests:
+        yield json.dumps(r.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+def sessions_of(requests: Iterable[TraceRequest]) -> dict[str | None, list[TraceRequest]]:
+    """Requests grouped by session (None: the one-shot requests), each group in trace order."""
+    groups: dict[str | None, list[TraceRequest]] = {}
+    for r in requests:
+        groups.setdefault(r.session, []).append(r)
+    return groups

@@ -1,0 +1,104 @@
+"""Router glue: slot-cache model, full cache holders, clock scale, learning switch, seed."""
+
+from __future__ import annotations
+
+import random
+
+from proxy.features import RequestFeatures
+from proxy.pool import BackendPool
+from proxy.router import Router, SlotCaches
+from proxy.routing_settings import RoutingSettings
+from proxy.telemetry import ParsedUsage
+from supervisor.spec import BackendSpec
+from supervisor.states import BackendState
+
+
+def _features(session: str, tokens: int = 500) -> RequestFeatures:
+    return RequestFeatures(
+        api="chat",
+        model="m",
+        prompt_chars=tokens * 4,
+        est_prompt_tokens=tokens,
+        kind="prose",
+        max_tokens=None,
+        stream=False,
+        session_key=session,
+        has_tools=False,
+        pinned_profile=None,
+    )
+
+
+def _router(settings: RoutingSettings, slots: int = 2) -> Router:
+    pool = BackendPool()
+    for profile in ("off", "min", "max"):
+        spec = BackendSpec(f"m/{profile}", "m", profile, ("x",))
+        pool.update(spec, BackendState.READY, f"http://127.0.0.1:1/{profile}", slots=slots)
+    return Router(settings, pool, rng=random.Random(0))
+
+
+def test_slot_caches_follow_llama_servers_lru_slots() -> None:
+    caches = SlotCaches()
+    caches.use("b", "a", 50_000, slots=2)
+    caches.use("b", "c", 300, slots=2)
+    assert caches.holds("b", "a") and caches.victim_tokens("b", "new", 2) == 50_000
+    assert caches.victim_tokens("b", "a", 2) == 0  # its own slot: nothing overwritten
+    caches.use("b", "a", 51_000, slots=2)  # a's turn: c is now the least recently used
+    assert caches.victim_tokens("b", "new", 2) == 300
+    caches.use("b", "d", 100, slots=2)
+    assert not caches.holds("b", "c") and caches.holds("b", "a")
+    assert caches.victim_tokens("other", "x", 2) == 0
+
+
+def test_a_session_whose_cache_was_overwritten_is_placed_afresh() -> None:
+    router = _router(RoutingSettings(exploration_rate=0.0), slots=1)
+    first = router.route("m", _features("s1"), exclude=())
+    assert first is not None and first.backend.name == "m/max"
+    assert router.route("m", _features("s1"), exclude=()).reason == "affinity"  # type: ignore[union-attr]
+    router.route("m", _features("s2"), exclude=())  # one slot: s2 overwrites s1's cache
+    again = router.route("m", _features("s1"), exclude=())
+    assert again is not None and again.reason != "affinity"
+
+
+def test_a_full_cache_holder_stays_a_candidate() -> None:
+    router = _router(RoutingSettings(exploration_rate=0.0), slots=1)
+    long = _features("agent", tokens=100_000)
+    first = router.route("m", long, exclude=())
+    assert first is not None
+    first.backend.in_flight = 1  # the holder is full (one slot, busy)
+    d = router.route("m", long, exclude=())
+    # queueing behind one request beats re-processing 100k tokens elsewhere
+    assert d is not None and (d.backend.name, d.reason) == (first.backend.name, "affinity")
+
+
+def test_clock_scale_and_learning_switch() -> None:
+    settings = RoutingSettings(clock_scale=50.0, exploration_rate=0.0)
+    router = _router(settings)
+    f = _features("s")
+    route = router.route("m", f, exclude=())
+    assert route is not None
+    usage = ParsedUsage(output_tokens=101, first_token_at=10.0, last_token_at=12.0)
+    obs = router.observe(route, f, usage, sent_at=9.0, done_at=12.0)
+    assert obs.decode_tok_s == 100 / (2.0 * 50.0)  # proxy seconds -> backend seconds
+    assert obs.total_s == 3.0 * 50.0
+    assert router.stats.table()  # learned
+    off = _router(RoutingSettings(learning=False))
+    route = off.route("m", f, exclude=())
+    assert route is not None
+    off.observe(route, f, usage, sent_at=9.0, done_at=12.0)
+    assert off.stats.table() == []
+
+
+def test_seeded_routers_decide_alike() -> None:
+    settings = RoutingSettings(seed=7, exploration_rate=0.2)
+
+    def picks() -> list[str]:
+        pool = _router(settings).pool
+        router = Router(settings, pool)
+        out = []
+        for i in range(60):
+            r = router.route("m", _features(f"s{i}"), exclude=())
+            assert r is not None
+            out.append(r.profile)
+        return out
+
+    assert picks() == picks()
