@@ -80,13 +80,12 @@ class Exchange:
     async def _admit(self, tried: set[str]) -> web.Response | None:
         """Wait in line for a free slot on a backend not yet tried; a 429 if there is none."""
         state = self.state
-        # A pinned request waits for its own profile rather than spill to another one.
-        pinned = state.router.pinned_profile(self.model, self.features)
+        if state.router.pinned_profile(self.model, self.features, tried) is not None:
+            return None  # pinned to a ready profile: it goes there, full or not
 
         def has_room() -> bool:
             return any(
-                b.has_room and b.name not in tried and pinned in (None, b.profile)
-                for b in state.pool.ready_of_model(self.model)
+                b.has_room and b.name not in tried for b in state.pool.ready_of_model(self.model)
             )
 
         queued = state.metrics.queued.labels(self.model)

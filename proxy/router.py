@@ -116,15 +116,17 @@ class Router:
         self, model: str, features: RequestFeatures, *, exclude: Collection[str]
     ) -> Route | None:
         holder = self._holder(features.session_key)
+        pinned = self.pinned_profile(model, features, exclude)
         candidates = [
             # A full backend is no candidate: llama-server would queue the request out of
             # sight; the proxy spills it elsewhere or queues it in order (proxy.admission).
             # Except the session's cache holder: queueing there can cost far less than
-            # re-processing a long prompt elsewhere, and the policy weighs exactly that.
+            # re-processing a long prompt elsewhere, and the policy weighs exactly that. And
+            # the profile a client pinned: it asked for that profile, full or not.
             Candidate(
                 b.name,
                 b.profile,
-                b.has_room or (b.ready and b.name == holder),
+                b.has_room or (b.ready and (b.name == holder or b.profile == pinned)),
                 b.in_flight,
                 b.slots,
                 b.name == holder,
@@ -150,12 +152,17 @@ class Router:
         cls = classify(features, self.settings)
         return Route(backend, decision.profile, decision.reason, decision.detail, cls)
 
-    def pinned_profile(self, model: str, features: RequestFeatures) -> str | None:
-        """The profile a client pinned with the pin header, if the model has it."""
+    def pinned_profile(
+        self, model: str, features: RequestFeatures, exclude: Collection[str] = ()
+    ) -> str | None:
+        """The profile a client pinned with the pin header, if a backend of it is ready."""
         if not features.pinned_profile:
             return None
         profile = self.settings.resolve_pin(features.pinned_profile)
-        return profile if any(b.profile == profile for b in self.pool.of_model(model)) else None
+        ready = any(
+            b.profile == profile and b.name not in exclude for b in self.pool.ready_of_model(model)
+        )
+        return profile if ready else None
 
     def _holder(self, session_key: str | None) -> str | None:
         if session_key is None:

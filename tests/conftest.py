@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import ProxyProcess, proxy_config, running_proxy
+from tests.harness import ProxyProcess, proxy_config, running_proxy, wait_all_ready
 
 
 @pytest.fixture(scope="module")
@@ -15,4 +15,5 @@ def demo_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProces
     """`mtp-proxy serve` with simulated off/min/max backends (time compressed 20x)."""
     workdir: Path = tmp_path_factory.mktemp("demo-proxy")
     with running_proxy(proxy_config(), workdir) as proxy:
+        wait_all_ready(proxy, {"mtp-demo": 3})  # tests pin each profile
         yield proxy

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from bench.processes import ProxyProcess, free_port, running_proxy, start_proxy
 
-__all__ = ["ADMIN_KEY", "ProxyProcess", "free_port", "running_proxy", "start_proxy"]
+__all__ = [
+    "ADMIN_KEY",
+    "ProxyProcess",
+    "free_port",
+    "running_proxy",
+    "start_proxy",
+    "wait_all_ready",
+]
 
 ADMIN_KEY = "test-admin-key"
 
@@ -49,3 +57,13 @@ def proxy_config(
         "routing": routing or {},
         "models": models or [simulator_model()],
     }
+
+
+def wait_all_ready(proxy: ProxyProcess, ready: dict[str, int], timeout: float = 30.0) -> None:
+    """Wait until /health counts `ready` backends per model (it is 200 from the first one on)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proxy.get_json("/health")[1].get("ready_backends") == ready:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"backends not all ready within {timeout}s: {proxy.get_json('/health')}")
