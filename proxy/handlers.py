@@ -32,6 +32,8 @@ API_PATHS: dict[str, Api] = {
     "/v1/messages": "messages",
 }
 _REQUEST_ID_CHARS = frozenset("0123456789abcdefABCDEF-")
+_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 # A high surrogate escape not followed by a low one, or a low one not preceded by a high one.
 _LONE_SURROGATE = re.compile(
     rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
@@ -109,9 +111,20 @@ def _parse_object(raw: bytes) -> tuple[dict[str, Any] | None, str]:
         return None, f"request body is not valid JSON: {str(exc)[:200]}"
     if not isinstance(body, dict):
         return None, "request body must be a JSON object"
+    problem = _content_problem(raw, body)
+    return (None, problem) if problem else (body, "")
+
+
+def _content_problem(raw: bytes, body: dict[str, Any]) -> str | None:
+    """What valid JSON may still hold that llama-server would answer with a 500."""
     if _may_hold_lone_surrogate(raw) and _holds_lone_surrogate(body):
-        return None, "request body has a lone UTF-16 surrogate escape (\\uD800-\\uDFFF)"
-    return body, ""
+        return "request body has a lone UTF-16 surrogate escape (\\uD800-\\uDFFF)"
+    for key in _TOKEN_LIMITS:
+        value = body.get(key)
+        # llama-server keeps these in 32-bit ints; past that the routing maths overflows too.
+        if isinstance(value, int) and not _INT32_MIN <= value <= _INT32_MAX:
+            return f"'{key}' is out of range (at most {_INT32_MAX})"
+    return None
 
 
 def _may_hold_lone_surrogate(raw: bytes) -> bool:
