@@ -26,7 +26,14 @@ import pytest
 
 from proxy.middlewares import key_matches
 from proxy.settings import ServerSettings, load_settings
-from tests.harness import ADMIN_KEY, ProxyProcess, proxy_config, running_proxy, simulator_model
+from tests.harness import (
+    ADMIN_KEY,
+    ProxyProcess,
+    proxy_config,
+    running_proxy,
+    simulator_model,
+    wait_all_ready,
+)
 from tests.misbehaving_backend import running_backend
 
 CLIENT_KEYS = ["sk-client-alpha-0123456789", "sk-client-beta-9876543210"]
@@ -58,6 +65,8 @@ def open_proxy(tmp_path_factory: pytest.TempPathFactory, echo_url: str) -> Itera
     config = proxy_config([simulator_model(), echo_model(echo_url)])
     config["server"] = {"port": 0, "forward_client_auth": True}  # no host, no admin key
     with running_proxy(config, tmp_path_factory.mktemp("open")) as proxy:
+        # /health is 200 from the first ready backend on; the tests look at every one.
+        wait_all_ready(proxy, {"mtp-demo": 3, "echo": 1})
         yield proxy
 
 
