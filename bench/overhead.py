@@ -1,87 +1,278 @@
-"""Proxy overhead: the same streaming load sent directly to a simulator and through mtp-proxy.
+"""Proxy overhead: one load sent directly to a simulator, through mtp-proxy and through LiteLLM.
 
-Both paths hit the very same simulator process (the proxy treats it as a remote backend), in
-alternating rounds, so machine noise falls on both alike. Prints per-request added latency
-(p50/p99 of proxied minus direct), time-to-first-chunk, and the ratio of chunks/s.
+One simulator serves every path (each proxy treats it as a remote backend). It decodes every
+request at a GPU-like `--tok-s` (100 tokens/s by default) that does not slow down with batch
+size, so the proxies, not the backend, make the difference. Paths take turns, round after round,
+so machine noise falls on all of them alike. For each workload (small non-stream requests of 16
+tokens; streams of `--tokens`) and concurrency it prints, per proxy, relative to direct:
 
-    python -m bench.overhead [--concurrency 1,64] [--requests 200] [--tokens 64] [--json]
+  added p50 / p99   latency percentiles of complete requests, proxied minus direct
+  ratio             delivered tokens/s of a stream, first chunk to last (streams), or
+                    requests/s (non-stream), proxied / direct
+  gap +p99          p99 of the delay between chunks, proxied minus direct (streams)
+  CPU s/1k          the proxy process's CPU seconds (/proc/<pid>/stat) per 1,000 requests
+
+then LiteLLM's added latency as a multiple of mtp-proxy's, and the largest number of paced
+streams mtp-proxy sustains at >= 0.98 x direct tokens/s (streams of --search-s seconds).
+
+    python -m bench.overhead [--levels 1,64,256] [--tok-s 100] [--no-litellm] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
+import secrets
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-import aiohttp
-
-from bench.processes import ProxyProcess, start_proxy, start_simulator
+from bench.load import cpu_seconds, paced_preset
+from bench.processes import ProxyProcess, SimulatorProcess, start_proxy, start_simulator
 
 CHAT = [{"role": "user", "content": "Tell me a short story about a lighthouse."}]
+SUSTAINED = 0.98
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    url: str
+    pid: int | None  # the proxy process whose CPU time is counted (None: direct)
+
+
+@dataclass(frozen=True)
+class Workload:
+    stream: bool
+    concurrency: int
+    requests: int
+    tokens: int
+
+    @property
+    def label(self) -> str:
+        return "stream" if self.stream else "small"
 
 
 @dataclass
 class Sample:
     latency_s: float
     ttfb_s: float
-    chunks: int
+    tokens: int
     gaps_s: list[float] = field(default_factory=list)
+
+    @property
+    def stream_tok_s(self) -> float:
+        """The pace the client saw, first chunk to last (waiting for the first is latency)."""
+        span = sum(self.gaps_s)
+        return (self.tokens - 1) / span if span > 0 else float("nan")
 
 
 @dataclass
 class RunResult:
-    samples: list[Sample]
-    wall_s: float
-    errors: int
+    samples: list[Sample] = field(default_factory=list)
+    wall_s: float = 0.0
+    errors: int = 0
+    cpu_s: float = 0.0
+
+    def add(self, other: RunResult) -> None:
+        self.samples += other.samples
+        self.wall_s += other.wall_s
+        self.errors += other.errors
+        self.cpu_s += other.cpu_s
 
     @property
-    def chunks_per_s(self) -> float:
-        return sum(s.chunks for s in self.samples) / self.wall_s
+    def requests_per_s(self) -> float:
+        return len(self.samples) / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def stream_tok_s(self) -> float:
+        """Delivered tokens/s of the average stream."""
+        rates = [s.stream_tok_s for s in self.samples if s.gaps_s]
+        return sum(rates) / len(rates) if rates else float("nan")
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, tokens: int) -> Sample:
-    body = {"model": "mtp-demo", "messages": CHAT, "max_tokens": tokens, "stream": True}
+# --- the client --------------------------------------------------------------------------------
+# A minimal HTTP/1.1 client on a bare asyncio.Protocol: it counts tokens and stamps arrivals inside
+# data_received and wakes its caller once per response, not once per chunk, so the load generator
+# takes as little of the 2 cores as possible away from the processes being compared.
+
+_TOKEN = b'"content":"'
+_CHUNKED_END = b"0\r\n\r\n"
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.open = False
+        self._done: asyncio.Future[None] | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.head = b""
+        self.status = 0
+        self.length: int | None = None  # Content-Length, None when chunked
+        self.body = bytearray()
+        self.received = 0
+        self.tokens = 0
+        self.tail = b""
+        self.arrivals: list[float] = []
+        self.keep_alive = True
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.open = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open = False
+        if self._done is not None and not self._done.done():
+            self._done.set_exception(ConnectionError(f"connection lost: {exc}"))
+
+    def send(self, request: bytes) -> asyncio.Future[None]:
+        assert self.transport is not None
+        self._reset()
+        self._done = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return self._done
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        if not self.status:
+            self.head += data
+            head, sep, data = self.head.partition(b"\r\n\r\n")
+            if not sep:
+                return
+            self._parse_head(head)
+        self.arrivals.append(now)
+        self.received += len(data)
+        window = self.tail + data
+        self.tokens += window.count(_TOKEN)
+        self.tail = window[-16:]
+        if self.length is not None:
+            self.body += data
+            finished = self.received >= self.length
+        else:
+            finished = window.endswith(_CHUNKED_END)
+        if finished and self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    def _parse_head(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        self.status = int(lines[0].split(b" ", 2)[1])
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                self.length = int(value)
+            elif name == b"connection" and value.strip().lower() == b"close":
+                self.keep_alive = False
+
+
+def _request_bytes(target: Target, workload: Workload, headers: dict[str, str]) -> bytes:
+    body = json.dumps(
+        {
+            "model": "paced",
+            "messages": CHAT,
+            "max_tokens": workload.tokens,
+            "stream": workload.stream,
+            "ignore_eos": True,
+        }
+    ).encode()
+    host = target.url.removeprefix("http://")
+    lines = ["POST /v1/chat/completions HTTP/1.1", f"Host: {host}"]
+    lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+async def _connect(target: Target) -> _Connection:
+    host, port = target.url.removeprefix("http://").split(":")
+    loop = asyncio.get_running_loop()
+    _, connection = await loop.create_connection(_Connection, host, int(port))
+    return connection
+
+
+async def one_request(connection: _Connection, request: bytes, stream: bool) -> Sample:
     started = time.perf_counter()
-    first = last = 0.0
-    chunks = 0
-    gaps: list[float] = []
-    async with session.post(url + "/v1/chat/completions", json=body) as response:
-        response.raise_for_status()
-        async for _chunk in response.content.iter_any():
-            now = time.perf_counter()
-            if chunks == 0:
-                first = now
-            else:
-                gaps.append(now - last)
-            last = now
-            chunks += 1
-    return Sample(time.perf_counter() - started, first - started, chunks, gaps)
+    async with asyncio.timeout(120):  # a stuck proxy counts as an error, not a hung bench
+        await connection.send(request)
+    if connection.status != 200:
+        raise ValueError(f"status {connection.status}")
+    arrivals = connection.arrivals
+    if not stream:
+        tokens = int(json.loads(bytes(connection.body))["usage"]["completion_tokens"])
+        return Sample(arrivals[-1] - started, arrivals[0] - started, tokens)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+    return Sample(arrivals[-1] - started, arrivals[0] - started, connection.tokens, gaps)
 
 
-async def run_load(url: str, concurrency: int, requests: int, tokens: int) -> RunResult:
-    connector = aiohttp.TCPConnector(limit=0)
+async def run_load(
+    target: Target, workload: Workload, requests: int, headers: dict[str, str]
+) -> RunResult:
     queue = iter(range(requests))
-    samples: list[Sample] = []
-    errors = 0
+    result = RunResult()
+    request = _request_bytes(target, workload, headers)
 
-    async def worker(session: aiohttp.ClientSession) -> None:
-        nonlocal errors
+    async def worker(n: int) -> None:
+        # Clients arrive over up to half a second: a thousand SYNs at once would overflow the
+        # simulator's accept backlog and time the kernel's retransmits instead of the proxies.
+        await asyncio.sleep(n * min(0.5, 0.002 * workload.concurrency) / workload.concurrency)
+        connection: _Connection | None = None
         for _ in queue:
             try:
-                samples.append(await one_stream(session, url, tokens))
-            except (aiohttp.ClientError, TimeoutError):
-                errors += 1
+                if connection is None or not connection.open:
+                    connection = await _connect(target)
+                sample = await one_request(connection, request, workload.stream)
+            except (OSError, TimeoutError, ValueError, KeyError):
+                result.errors += 1
+                connection = None
+                continue
+            result.samples.append(sample)
+            if not connection.keep_alive:
+                connection = None
+        if connection is not None and connection.transport is not None:
+            connection.transport.close()
 
-    async with aiohttp.ClientSession(connector=connector) as session:
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-        wall = time.perf_counter() - started
-    return RunResult(samples, wall, errors)
+    cpu_before = cpu_seconds(target.pid) if target.pid else 0.0
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(n) for n in range(workload.concurrency)))
+    result.wall_s = time.perf_counter() - started
+    result.cpu_s = cpu_seconds(target.pid) - cpu_before if target.pid else 0.0
+    return result
+
+
+async def measure(
+    targets: list[Target], workload: Workload, rounds: int, headers: dict[str, str]
+) -> dict[str, RunResult]:
+    """Every target gets the workload in turns, `rounds` times; results per target."""
+    results = {t.name: RunResult() for t in targets}
+    per_round = max(workload.requests // rounds, workload.concurrency)
+    pids = [t.pid for t in targets if t.pid]
+    for target in targets:  # warm every path's connection pools
+        await run_load(target, workload, workload.concurrency, headers)
+    for _ in range(rounds):
+        for target in targets:
+            await quiesce(pids)
+            results[target.name].add(await run_load(target, workload, per_round, headers))
+    return results
+
+
+async def quiesce(pids: list[int], timeout_s: float = 20.0) -> None:
+    """Wait until no proxy still works off the previous turn (LiteLLM keeps at it for seconds
+    after its last answer), so each path is measured on an otherwise idle machine."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        before = sum(cpu_seconds(pid) for pid in pids)
+        await asyncio.sleep(0.3)
+        if sum(cpu_seconds(pid) for pid in pids) - before <= 0.01:
+            return
+
+
+# --- figures -----------------------------------------------------------------------------------
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -91,108 +282,222 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def compare(direct: RunResult, proxied: RunResult) -> dict[str, float]:
-    def pct(run: RunResult, q: float, attr: str) -> float:
-        return percentile([getattr(s, attr) for s in run.samples], q)
+def compare(direct: RunResult, proxied: RunResult, stream: bool) -> dict[str, float]:
+    def pct(run: RunResult, q: float) -> float:
+        return percentile([s.latency_s for s in run.samples], q)
 
     gaps_direct = [g for s in direct.samples for g in s.gaps_s]
     gaps_proxied = [g for s in proxied.samples for g in s.gaps_s]
+    rate = "stream_tok_s" if stream else "requests_per_s"
+    served = len(proxied.samples)
     return {
-        "added_latency_p50_ms": 1000
-        * (pct(proxied, 0.5, "latency_s") - pct(direct, 0.5, "latency_s")),
-        "added_latency_p99_ms": 1000
-        * (pct(proxied, 0.99, "latency_s") - pct(direct, 0.99, "latency_s")),
-        "added_ttfb_p50_ms": 1000 * (pct(proxied, 0.5, "ttfb_s") - pct(direct, 0.5, "ttfb_s")),
-        "added_gap_p99_ms": 1000 * (percentile(gaps_proxied, 0.99) - percentile(gaps_direct, 0.99)),
-        "chunks_per_s_ratio": proxied.chunks_per_s / direct.chunks_per_s,
-        "direct_latency_p50_ms": 1000 * pct(direct, 0.5, "latency_s"),
-        "errors": float(direct.errors + proxied.errors),
+        "added_p50_ms": 1000 * (pct(proxied, 0.5) - pct(direct, 0.5)),
+        "added_p99_ms": 1000 * (pct(proxied, 0.99) - pct(direct, 0.99)),
+        "ratio": getattr(proxied, rate) / getattr(direct, rate),
+        "added_gap_p99_ms": (
+            1000 * (percentile(gaps_proxied, 0.99) - percentile(gaps_direct, 0.99))
+            if stream
+            else float("nan")
+        ),
+        "cpu_s_per_1k": 1000 * proxied.cpu_s / served if served else float("nan"),
+        "direct_p50_ms": 1000 * pct(direct, 0.5),
+        "errors": float(proxied.errors + direct.errors),
     }
 
 
-async def measure(
-    direct_url: str, proxy_url: str, concurrency: int, requests: int, tokens: int, rounds: int
-) -> dict[str, float]:
-    direct = RunResult([], 0.0, 0)
-    proxied = RunResult([], 0.0, 0)
-    await run_load(direct_url, concurrency, concurrency, tokens)  # warm both paths' pools
-    await run_load(proxy_url, concurrency, concurrency, tokens)
-    for _ in range(rounds):
-        for target, url in ((direct, direct_url), (proxied, proxy_url)):
-            result = await run_load(url, concurrency, requests // rounds, tokens)
-            target.samples += result.samples
-            target.wall_s += result.wall_s
-            target.errors += result.errors
-    return compare(direct, proxied)
+async def sustained_streams(
+    direct: Target,
+    proxy: Target,
+    levels: list[int],
+    seconds: float,
+    tok_s: float,
+    headers: dict[str, str],
+) -> list[tuple[int, float, float, float]]:
+    """Tokens/s proxied/direct at each level, one wave of `level` streams; stops below 0.98."""
+    found: list[tuple[int, float, float, float]] = []
+    tokens = round(seconds * tok_s)
+    for level in levels:
+        workload = Workload(stream=True, concurrency=level, requests=level, tokens=tokens)
+        results = await measure([direct, proxy], workload, 1, headers)
+        direct_rate = results[direct.name].stream_tok_s
+        proxied_rate = results[proxy.name].stream_tok_s
+        ratio = proxied_rate / direct_rate
+        found.append((level, ratio, direct_rate, proxied_rate))
+        if ratio < SUSTAINED or results[proxy.name].errors:
+            break
+    return found
 
 
-def proxy_config(backend_url: str) -> dict[str, Any]:
+# --- processes ---------------------------------------------------------------------------------
+
+
+def proxy_config(backends: dict[str, str], key: str) -> dict[str, Any]:
     return {
-        "server": {"host": "127.0.0.1", "port": 0},
+        "server": {"host": "127.0.0.1", "port": 0, "api_keys": [key]},
         "log": {"level": "info", "format": "json"},  # as deployed: one line per request
         "models": [
             {
-                "name": "mtp-demo",
+                "name": name,
                 "backend": "simulator",
-                "profiles": [{"name": "off", "url": backend_url}],
+                "slots": 4096,  # the simulators have slots to spare: measure the proxy
+                "profiles": [{"name": "off", "url": url}],
             }
+            for name, url in backends.items()
         ],
     }
+
+
+@dataclass
+class Processes:
+    simulators: list[SimulatorProcess] = field(default_factory=list)
+    proxy: ProxyProcess | None = None
+    litellm: Any = None
+
+    def stop(self) -> None:
+        if self.litellm is not None:
+            self.litellm.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
+        for simulator in self.simulators:
+            simulator.stop()
+
+
+def start_all(workdir: Path, args: argparse.Namespace, key: str) -> tuple[Processes, list[Target]]:
+    processes = Processes()
+    preset = paced_preset(workdir, args.tok_s)
+    paced = start_simulator(["--preset", str(preset), "-np", "2048", "-c", "1048576"])
+    processes.simulators.append(paced)
+    backends = {"paced": paced.url}
+    processes.proxy = start_proxy(proxy_config(backends, key), workdir / "proxy")
+    proxy = processes.proxy
+    targets = [Target("mtp-proxy", proxy.url, proxy.process.pid)]
+    if args.litellm:
+        from bench.litellm_proxy import start_litellm
+
+        processes.litellm = start_litellm(backends, workdir / "litellm", master_key=key)
+        targets.append(Target("litellm", processes.litellm.url, processes.litellm.pid))
+    return processes, targets
+
+
+async def run_all(
+    args: argparse.Namespace, targets: list[Target], backends: dict[str, str], key: str
+) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {key}"}
+    direct = Target("direct", backends["paced"], None)
+    table: list[dict[str, Any]] = []
+    for stream in (False, True):
+        for level in args.levels:
+            requests = max(4 * level, 32) if stream else max(16 * level, 400)
+            workload = Workload(stream, level, requests, args.tokens if stream else 16)
+            paths = [direct, *targets]
+            print(f"measuring {workload.label} x{level} ...", file=sys.stderr, flush=True)
+            results = await measure(paths, workload, args.rounds, headers)
+            for target in targets:
+                row = compare(results["direct"], results[target.name], stream)
+                table.append(
+                    {"workload": workload.label, "concurrency": level, "path": target.name, **row}
+                )
+    search = await sustained_streams(
+        direct,
+        targets[0],
+        args.search,
+        args.search_s,
+        args.tok_s,
+        headers,
+    )
+    return {"table": table, "sustained": search, "tok_s": args.tok_s}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--concurrency", default="1,64", help="comma-separated stream counts")
-    parser.add_argument("--requests", type=int, default=256, help="requests per path and level")
+    parser.add_argument("--levels", default="1,64,256", help="comma-separated concurrency levels")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per streamed answer")
-    parser.add_argument("--rounds", type=int, default=4, help="alternations direct/proxy")
+    parser.add_argument("--rounds", type=int, default=4, help="turns of direct/proxies")
     parser.add_argument("--tok-s", type=float, default=100.0, help="pace of each stream")
+    parser.add_argument("--search", default="64,128,256,384,512,768,1024", help="stream counts")
+    parser.add_argument("--search-s", type=float, default=4.0, help="length of a search stream")
+    parser.add_argument("--no-litellm", dest="litellm", action="store_false")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    levels = [int(c) for c in args.concurrency.split(",")]
-    # The "fast" preset decodes ~2,400 tok/s; the time scale slows it to a GPU-like pace.
-    scale = args.tok_s / 2400.0
-    simulator = start_simulator(["--preset", "fast", "--time-scale", str(scale), "-np", "512"])
+    args.levels = [int(c) for c in args.levels.split(",")]
+    args.search = [int(c) for c in args.search.split(",")]
+    key = "sk-bench-" + secrets.token_hex(16)
     with tempfile.TemporaryDirectory() as workdir:
-        proxy: ProxyProcess | None = None
+        processes, targets = start_all(Path(workdir), args, key)
         try:
-            proxy = start_proxy(proxy_config(simulator.url), Path(workdir))
-            results = {
-                level: asyncio.run(
-                    measure(
-                        simulator.url,
-                        proxy.url,
-                        level,
-                        max(args.requests, level),
-                        args.tokens,
-                        args.rounds,
-                    )
-                )
-                for level in levels
-            }
+            backends = {"paced": processes.simulators[0].url}
+            report = _run(run_all(args, targets, backends, key))
         finally:
-            if proxy is not None:
-                proxy.stop()
-            simulator.stop()
-    report(results, args.json)
+            processes.stop()
+    print_report(report, as_json=args.json)
     return 0
 
 
-def report(results: dict[int, dict[str, float]], as_json: bool) -> None:
+def _run(coroutine: Any) -> Any:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return asyncio.run(coroutine)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coroutine)
+
+
+def print_report(report: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
-        print(json.dumps({str(k): v for k, v in results.items()}, indent=2))
+        print(json.dumps(report, indent=2))
         return
-    columns = ("streams", "added p50", "added p99", "ttfb +p50", "gap +p99", "chunks/s", "errors")
-    print("  ".join(f"{c:>9}" for c in columns))
-    for level, r in results.items():
-        cells = [f"{level}"]
-        cells += [f"{r[k]:.2f}ms" for k in ("added_latency_p50_ms", "added_latency_p99_ms")]
-        cells += [f"{r[k]:.2f}ms" for k in ("added_ttfb_p50_ms", "added_gap_p99_ms")]
-        cells += [f"{r['chunks_per_s_ratio']:.3f}", f"{int(r['errors'])}"]
-        print("  ".join(f"{c:>9}" for c in cells))
-    print("(added = through the proxy minus direct, same simulator, alternating rounds)")
+    columns = (
+        "workload",
+        "conc",
+        "path",
+        "added p50",
+        "added p99",
+        "ratio",
+        "gap +p99",
+        "CPU s/1k",
+        "errors",
+    )
+    print("  ".join(f"{c:>10}" for c in columns))
+    for row in report["table"]:
+        cells = [row["workload"], str(row["concurrency"]), row["path"]]
+        cells += [
+            f"{row['added_p50_ms']:.2f}ms",
+            f"{row['added_p99_ms']:.2f}ms",
+            f"{row['ratio']:.3f}",
+        ]
+        cells += [
+            f"{row['added_gap_p99_ms']:.2f}ms",
+            f"{row['cpu_s_per_1k']:.2f}",
+            f"{int(row['errors'])}",
+        ]
+        print("  ".join(f"{c:>10}" for c in cells))
+    mtp = {
+        (r["workload"], r["concurrency"]): r for r in report["table"] if r["path"] == "mtp-proxy"
+    }
+    for row in (r for r in report["table"] if r["path"] == "litellm"):
+        ours = mtp[(row["workload"], row["concurrency"])]
+        for q in ("p50", "p99"):
+            theirs, own = row[f"added_{q}_ms"], ours[f"added_{q}_ms"]
+            times = theirs / own if own > 0 else float("inf")
+            where = f"{row['workload']} x{row['concurrency']}"
+            print(
+                f"LiteLLM added {q} / mtp-proxy added {q}, {where}: {times:.1f}x "
+                f"({theirs:.2f} vs {own:.2f} ms)"
+            )
+    print(f"paced streams at {report['tok_s']:g} tok/s, mtp-proxy tokens/s as a share of direct:")
+    best = 0
+    for level, ratio, direct_rate, proxied_rate in report["sustained"]:
+        mark = "ok" if ratio >= SUSTAINED else "below"
+        print(
+            f"  {level:>5} streams: {ratio:.3f} ({mark}); tok/s per stream: direct "
+            f"{direct_rate:.1f}, proxied {proxied_rate:.1f} (paced at {report['tok_s']:g})"
+        )
+        if ratio >= SUSTAINED:
+            best = level
+    print(f"largest sustained at >= {SUSTAINED} x direct: {best} streams")
+    print("(added = through the proxy minus direct; same simulators, paths in turns)")
 
 
 if __name__ == "__main__":

@@ -94,7 +94,11 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     # One pooled session for every backend: keep-alive connections, no per-host cap (the
     # policy and the backends' slots bound concurrency, not the connector).
     connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
-    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+    # No cookie jar: a cookie one backend set must never ride along on other clients' requests.
+    session = aiohttp.ClientSession(
+        connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+    )
+    async with session:
         app[STATE].session = session
         yield
         app[STATE].session = None

@@ -106,7 +106,8 @@ class _Planner:
         learned = [e.output_tokens for e in self.est.values() if e.trusted and e.output_tokens]
         out = max(learned) if learned else float(self.s.prior_output_tokens)
         if self.f.max_tokens is not None:
-            out = min(out, float(self.f.max_tokens))
+            # min() before float(): a client's huge integer must not overflow the float.
+            out = float(min(out, self.f.max_tokens))
         return max(out, 1.0)
 
     def trusted(self) -> dict[str, Estimate]:

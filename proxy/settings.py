@@ -129,7 +129,6 @@ class ServerSettings(BaseModel):
     api_keys: list[SecretStr] = []
     admin_key: SecretStr | None = None
     forward_client_auth: bool = False
-    cors_origins: list[str] = []
     connect_timeout_s: float = Field(default=5.0, gt=0)
     first_byte_timeout_s: float = Field(default=600.0, gt=0)
     idle_timeout_s: float = Field(default=120.0, gt=0)

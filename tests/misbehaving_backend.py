@@ -175,7 +175,10 @@ def _drop(request: web.Request) -> None:
 
 def _echo(request: web.Request) -> web.Response:
     received = {key: value for key, value in request.headers.items()}
-    return web.json_response(_complete_body(json.dumps(received)))
+    response = web.json_response(_complete_body(json.dumps(received)))
+    # A backend that sets a cookie: the proxy must not replay it on other clients' requests.
+    response.set_cookie("backend-session", "from-an-earlier-request")
+    return response
 
 
 def _complete_body(content: str) -> dict[str, object]:

@@ -519,3 +519,12 @@ def test_affinity_leaves_an_unproven_holder_for_a_trusted_better_profile() -> No
     d = run(feat(1000), pool(holder="off"), stats)
     assert (d.profile, d.reason) == ("max", "learned")
     assert "left b-off" in d.detail
+
+
+def test_a_huge_max_tokens_does_not_overflow_the_goodput_maths() -> None:
+    stats = LearnedStats(NO_EXPLORE)
+    cls = cls_of(40_000, "code")
+    for profile, speed in (("off", 38.0), ("min", 40.0), ("max", 33.0)):
+        train(stats, cls, profile, speed)
+    d = run(feat(40_000, "code", max_tokens=10**400), pool(), stats)
+    assert (d.profile, d.reason) == ("min", "learned")
