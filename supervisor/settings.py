@@ -19,7 +19,7 @@ class SupervisorSettings(BaseModel):
         10.0, gt=0, description="no healthy /health answer this long -> UNHEALTHY"
     )
     replace_after_s: float = Field(
-        20.0, gt=0, description="UNHEALTHY this long -> killed and restarted (local backends)"
+        15.0, gt=0, description="UNHEALTHY this long -> killed and restarted (local backends)"
     )
     ready_timeout_s: float = Field(300.0, gt=0, description="loading may take this long")
     stop_timeout_s: float = Field(10.0, gt=0, description="SIGTERM -> SIGKILL grace period")
