@@ -129,18 +129,31 @@ class _Planner:
     def cost(self, c: Candidate) -> _Cost:
         """Expected time of this request on ``c``: queue + prefill of uncached tokens + decode."""
         e = self.est.get(c.profile)
-        decode = (e.decode_tok_s if e else None) or self.s.prior_decode_tok_s
         prefill_rate = (e.prefill_tok_s if e else None) or self.s.prior_prefill_tok_s
         n = c.in_flight
-        decode /= 1.0 + self.s.batch_slowdown * n
-        if self.s.is_speculative(c.profile):
-            decode /= 1.0 + self.s.spec_load_penalty * n  # the speculation gain shrinks
+        decode = self.idle_decode(c.profile) / self.load_factor(c.profile, n)
         uncached = 0 if c.holds_session else self.f.est_prompt_tokens
         service = uncached / prefill_rate + self.out / decode
         slots = max(c.slots, 1)
         wait = max(0, n - slots + 1) * service / slots
         evict = 0.0 if c.holds_session else c.evicts_tokens / prefill_rate * self.s.eviction_weight
         return _Cost(wait, uncached / prefill_rate, self.out / decode, evict)
+
+    def load_factor(self, profile: str, n: float) -> float:
+        """How much slower one request decodes with ``n`` others on the backend (prior shape:
+        continuous batching shares the GPU; speculation's verification batch grows too)."""
+        f = 1.0 + self.s.batch_slowdown * n
+        if self.s.is_speculative(profile):
+            f *= 1.0 + self.s.spec_load_penalty * n  # the speculation gain shrinks
+        return f
+
+    def idle_decode(self, profile: str) -> float:
+        """Decode tok/s of a profile alone on its backend. A learned speed was measured at
+        the cell's mean load: scaled back from it, so load is not counted twice."""
+        e = self.est.get(profile)
+        if e is None or e.decode_tok_s is None:
+            return self.s.prior_decode_tok_s
+        return e.decode_tok_s * self.load_factor(profile, e.decode_load)
 
     def acceptance_guarded(self, profile: str) -> bool:
         """True if the learned acceptance of a speculative profile is below break-even."""
@@ -288,9 +301,8 @@ def _place(plan: _Planner, tokens: int, cls: RequestClass) -> tuple[str, Reason,
 
 def _unloaded(plan: _Planner, profile: str) -> float:
     e = plan.est[profile]
-    decode = e.decode_tok_s or plan.s.prior_decode_tok_s
     prefill = e.prefill_tok_s or plan.s.prior_prefill_tok_s
-    return plan.f.est_prompt_tokens / prefill + plan.out / decode
+    return plan.f.est_prompt_tokens / prefill + plan.out / plan.idle_decode(profile)
 
 
 def _rule(plan: _Planner, tokens: int, cls: RequestClass) -> tuple[str, Reason, str]:
@@ -355,8 +367,9 @@ def _explore(plan: _Planner, chosen: str, tokens: int, rng: random.Random) -> st
 
 def _thompson_time(plan: _Planner, profile: str, rng: random.Random) -> float:
     e = plan.est[profile]
-    mean = e.decode_tok_s or plan.s.prior_decode_tok_s
-    sd = max(e.decode_sd, _MIN_SD_FRACTION * mean) / max(e.samples, 1.0) ** 0.5
+    mean = plan.idle_decode(profile)
+    spread = e.decode_sd * mean / e.decode_tok_s if e.decode_tok_s else 0.0  # same scale
+    sd = max(spread, _MIN_SD_FRACTION * mean) / max(e.samples, 1.0) ** 0.5
     decode = max(rng.gauss(mean, sd), 0.05 * mean)
     prefill = e.prefill_tok_s or plan.s.prior_prefill_tok_s
     return plan.f.est_prompt_tokens / prefill + plan.out / decode

@@ -37,6 +37,10 @@ class Route:
     reason: str
     detail: str
     request_class: RequestClass
+    in_flight: int = 0
+    """Other requests on the backend when it was chosen (the load its speed is measured at)."""
+    cache_key: object = None
+    """What SlotCaches knows this request's slot by (released when it is observed)."""
 
     @property
     def class_label(self) -> str:
@@ -57,31 +61,64 @@ class SlotCaches:
     """Which sessions' prompt caches each backend still holds, modelled on llama-server's slots.
 
     A request of a session whose prefix a slot holds reuses that slot; any other request takes
-    the least recently used one and overwrites its cache. So a backend with N slots holds the
-    caches of the N sessions it served last: an older session's next turn is re-processed
-    wherever it goes, and the policy should place it freely instead of "staying on its cache".
+    the least recently used *idle* slot and overwrites its cache (a slot serving a request
+    cannot be taken). So a backend with N slots holds the caches of the sessions it served
+    last, and a long request in progress keeps its cache however many short ones pass by:
+    counting it as the next victim made short requests shun a backend they could share.
     """
 
     def __init__(self) -> None:
         self._lru: dict[str, OrderedDict[object, int]] = {}  # key -> cached prompt tokens
+        self._busy: dict[str, OrderedDict[object, int]] = {}  # key -> requests in flight
 
-    def use(self, backend: str, session_key: str | None, tokens: int, slots: int) -> None:
+    def use(self, backend: str, session_key: str | None, tokens: int, slots: int) -> object:
+        """A request goes to the backend; returns the key to ``release`` it with."""
         lru = self._lru.setdefault(backend, OrderedDict())
+        busy = self._busy.setdefault(backend, OrderedDict())
         key: object = session_key if session_key is not None else object()
         lru[key] = tokens
         lru.move_to_end(key)
+        busy[key] = busy.get(key, 0) + 1
         while len(lru) > max(slots, 1):
-            lru.popitem(last=False)
+            victim = next((k for k in lru if k not in busy), next(iter(lru)))
+            del lru[victim]
+        return key
+
+    def release(self, backend: str, key: object) -> None:
+        """The request is done: its slot may be taken by another session from now on."""
+        busy = self._busy.get(backend)
+        if busy is None or key not in busy:
+            return
+        busy[key] -= 1
+        if busy[key] <= 0:
+            del busy[key]
+
+    def trim(self, backend: str, in_flight: int, slots: int) -> None:
+        """Drop busy marks that cannot be right: requests that failed are never released.
+        An idle backend has none; otherwise at most ``slots`` more than its in-flight count
+        are kept (a finished request's release may still be on its way: /metrics round trip,
+        so the newest marks are not dropped just because the count is ahead of them)."""
+        busy = self._busy.get(backend)
+        if not busy:
+            return
+        if in_flight <= 0:
+            busy.clear()
+            return
+        while busy and sum(busy.values()) > in_flight + max(slots, 1):
+            del busy[next(iter(busy))]
 
     def holds(self, backend: str, session_key: str) -> bool:
         return session_key in self._lru.get(backend, ())
 
     def victim_tokens(self, backend: str, session_key: str | None, slots: int) -> int:
-        """Cached tokens a request of this session would overwrite on the backend."""
+        """Cached tokens a request of this session would overwrite on the backend: the least
+        recently used idle slot's (the least recently used one when none is idle)."""
         lru = self._lru.get(backend)
         if not lru or len(lru) < slots or (session_key is not None and session_key in lru):
             return 0
-        return next(iter(lru.values()))
+        busy: Mapping[object, int] = self._busy.get(backend, {})
+        idle = next((k for k in lru if k not in busy), None)
+        return lru[idle] if idle is not None else next(iter(lru.values()))
 
 
 class Router:
@@ -117,6 +154,9 @@ class Router:
     ) -> Route | None:
         holder = self._holder(features.session_key)
         pinned = self.pinned_profile(model, features, exclude)
+        backends = self.pool.of_model(model)
+        for b in backends:
+            self._caches.trim(b.name, b.in_flight, b.slots)
         candidates = [
             # A full backend is no candidate: llama-server would queue the request out of
             # sight; the proxy spills it elsewhere or queues it in order (proxy.admission).
@@ -132,7 +172,7 @@ class Router:
                 b.name == holder,
                 self._caches.victim_tokens(b.name, features.session_key, b.slots),
             )
-            for b in self.pool.of_model(model)
+            for b in backends
             if b.name not in exclude
         ]
         decision = decide(
@@ -145,12 +185,14 @@ class Router:
             return None
         if features.session_key is not None:
             self._sessions[features.session_key] = (backend.name, time.monotonic())
-        self._caches.use(
+        key = self._caches.use(
             backend.name, features.session_key, features.est_prompt_tokens, backend.slots
         )
         self.mix[(model, decision.profile, decision.reason)] += 1
         cls = classify(features, self.settings)
-        return Route(backend, decision.profile, decision.reason, decision.detail, cls)
+        return Route(
+            backend, decision.profile, decision.reason, decision.detail, cls, backend.in_flight, key
+        )
 
     def pinned_profile(
         self, model: str, features: RequestFeatures, exclude: Collection[str] = ()
@@ -204,6 +246,7 @@ class Router:
         done_at: float,
         spec_delta: SpecCounters | None = None,
     ) -> Observation:
+        self._caches.release(route.backend.name, route.cache_key)
         scale = self.settings.clock_scale
         if scale != 1.0:  # every clock reading is scaled: their differences scale alike
             usage = replace(
@@ -223,7 +266,12 @@ class Router:
         )
         if not self.settings.learning:
             return observation
-        self.stats.observe(route.request_class, route.profile, observation, model=features.model)
+        # The load over the request's life: the mean of the others in flight when it was sent
+        # and when it ended (the lease is released by now, so in_flight counts only others).
+        load = (route.in_flight + route.backend.in_flight) / 2.0
+        self.stats.observe(
+            route.request_class, route.profile, observation, model=features.model, load=load
+        )
         if observation.context_tokens:
             self.stats.calibrator.observe(features, observation.context_tokens)
         return observation

@@ -85,6 +85,10 @@ class Estimate:
     prefill_tok_s: float | None
     output_tokens: float | None
     trusted: bool  # count >= min_samples
+    decode_load: float = 0.0
+    """Mean number of other requests on the backend while the decode speeds were measured:
+    the speed already includes that load, so the policy scales it from this load to the
+    current one instead of applying its load model on top (which counted load twice)."""
 
     def acceptance_trusted(self, min_samples: int) -> float | None:
         if self.acceptance is None or self.acceptance_count < min_samples:
@@ -118,10 +122,21 @@ class _Mean:
 
 
 class _Cell:
-    __slots__ = ("acc_n", "acc_w", "accepted", "decode", "drafted", "est", "output", "prefill")
+    __slots__ = (
+        "acc_n",
+        "acc_w",
+        "accepted",
+        "decode",
+        "drafted",
+        "est",
+        "load",
+        "output",
+        "prefill",
+    )
 
     def __init__(self) -> None:
         self.decode = _Mean()
+        self.load = _Mean()  # other requests in flight, weighted like the decode speeds
         self.prefill = _Mean()
         self.output = _Mean()
         self.drafted = 0.0
@@ -130,8 +145,8 @@ class _Cell:
         self.acc_n = 0.0
         self.est: Estimate | None = None  # cached until the next observation
 
-    def observe(self, obs: Observation, d: float, prior_prefill: float) -> None:
-        for mean in (self.decode, self.prefill, self.output):
+    def observe(self, obs: Observation, d: float, prior_prefill: float, load: float) -> None:
+        for mean in (self.decode, self.prefill, self.output, self.load):
             mean.decay(d)
         self.drafted *= d
         self.accepted *= d
@@ -151,6 +166,7 @@ class _Cell:
             decode = out / busy if busy > 0 else None
         if decode is not None and out is not None and out >= _MIN_DECODE_TOKENS:
             self.decode.add(decode)
+            self.load.add(max(load, 0.0))
         if obs.draft_n is not None and obs.draft_n_accepted is not None:
             self.drafted += obs.draft_n
             self.accepted += min(obs.draft_n_accepted, obs.draft_n)
@@ -170,6 +186,7 @@ class _Cell:
                 prefill_tok_s=self.prefill.value(),
                 output_tokens=self.output.value(),
                 trusted=self.decode.n >= min_samples,
+                decode_load=self.load.value() or 0.0,
             )
         return self.est
 
@@ -179,6 +196,7 @@ class _Cell:
             "prefill": [self.prefill.w, self.prefill.m, self.prefill.m2, self.prefill.n],
             "output": [self.output.w, self.output.m, self.output.m2, self.output.n],
             "acceptance": [self.acc_w, self.drafted, self.accepted, self.acc_n],
+            "load": [self.load.w, self.load.m, self.load.m2, self.load.n],
         }
 
     @classmethod
@@ -188,6 +206,8 @@ class _Cell:
             _Mean(*_floats(data[key], 4)) for key in ("decode", "prefill", "output")
         )
         cell.acc_w, cell.drafted, cell.accepted, cell.acc_n = _floats(data["acceptance"], 4)
+        if "load" in data:  # files written before the load was kept: measured as if idle
+            cell.load = _Mean(*_floats(data["load"], 4))
         return cell
 
 
@@ -266,10 +286,17 @@ class LearnedStats:
         self.load_report = "new"
 
     def observe(
-        self, cls: RequestClass, profile: str, obs: Observation, *, model: str = ""
+        self,
+        cls: RequestClass,
+        profile: str,
+        obs: Observation,
+        *,
+        model: str = "",
+        load: float = 0.0,
     ) -> None:
+        """Add one observation; ``load``: other requests on its backend meanwhile (mean)."""
         cell = self._cells.setdefault((model, cls), {}).setdefault(profile, _Cell())
-        cell.observe(obs, self._decay, self._settings.prior_prefill_tok_s)
+        cell.observe(obs, self._decay, self._settings.prior_prefill_tok_s, load)
 
     def estimate(self, cls: RequestClass, profile: str, *, model: str = "") -> Estimate | None:
         """The estimate, or None while it is below min_samples (not trusted)."""
@@ -309,6 +336,7 @@ class LearnedStats:
                         "acceptance_samples": est.acceptance_count,
                         "prefill_tok_s": _round(est.prefill_tok_s),
                         "output_tokens": _round(est.output_tokens, 1),
+                        "decode_load": round(est.decode_load, 2),
                     }
                 )
         return rows

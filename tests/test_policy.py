@@ -66,6 +66,7 @@ def train(
     acceptance: float | None = 0.8,
     prefill_tok_s: float = 1000.0,
     out: int = 400,
+    load: float = 0.0,
 ) -> None:
     drafted = 100 if profile != "off" and acceptance is not None else 0
     for _ in range(n):
@@ -84,7 +85,7 @@ def train(
             total_s=None,
             source="timings",
         )
-        stats.observe(cls, profile, obs)
+        stats.observe(cls, profile, obs, load=load)
 
 
 class Draws(random.Random):
@@ -232,6 +233,23 @@ def test_in_flight_discounts_speculative_profiles() -> None:
     d = run(feat(), pool(max_=3), stats)  # not full, but speculation gains shrink
     assert (d.profile, d.reason) == ("off", "learned")
     assert "load favours off over max" in d.detail
+
+
+def test_speeds_learned_under_load_are_not_discounted_twice() -> None:
+    stats = LearnedStats(NO_EXPLORE)
+    cls = cls_of(500)
+    train(stats, cls, "off", 38.0)
+    # max was measured at 55 tok/s while two other requests ran on it: alone it is faster,
+    # and at that same load it is still 55, well ahead of an idle off.
+    train(stats, cls, "max", 55.0, load=2.0)
+    assert stats.view(cls)["max"].decode_load == pytest.approx(2.0)
+    d = run(feat(), pool(max_=2), stats)
+    assert (d.profile, d.reason) == ("max", "learned")
+    # Measured idle, the same 55 at two in flight would be ~33 tok/s: off wins.
+    fresh = LearnedStats(NO_EXPLORE)
+    train(fresh, cls, "off", 38.0)
+    train(fresh, cls, "max", 55.0)
+    assert run(feat(), pool(max_=2), fresh).profile == "off"
 
 
 def test_spill_when_chosen_backend_is_full_cold() -> None:

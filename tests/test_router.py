@@ -49,6 +49,27 @@ def test_slot_caches_follow_llama_servers_lru_slots() -> None:
     assert caches.victim_tokens("other", "x", 2) == 0
 
 
+def test_slot_caches_never_count_a_busy_slot_as_the_victim() -> None:
+    caches = SlotCaches()
+    agent = caches.use("b", "agent", 80_000, slots=2)  # a long request, still running
+    chat = caches.use("b", "chat", 300, slots=2)
+    caches.release("b", chat)
+    # The agent's slot is busy: a new session can only take the chat's slot.
+    assert caches.victim_tokens("b", "new", 2) == 300
+    caches.use("b", "new", 200, slots=2)  # overwrites the idle chat slot, not the agent's
+    assert caches.holds("b", "agent") and not caches.holds("b", "chat")
+    caches.release("b", agent)
+    assert caches.victim_tokens("b", "other", 2) == 80_000  # now idle and least recent
+
+
+def test_slot_caches_forget_busy_marks_of_requests_never_released() -> None:
+    caches = SlotCaches()
+    caches.use("b", "a", 50_000, slots=2)  # failed: never released
+    caches.use("b", "c", 300, slots=2)
+    caches.trim("b", in_flight=0, slots=2)  # the backend is idle: nothing is busy
+    assert caches.victim_tokens("b", "new", 2) == 50_000
+
+
 def test_a_session_whose_cache_was_overwritten_is_placed_afresh() -> None:
     router = _router(RoutingSettings(exploration_rate=0.0), slots=1)
     first = router.route("m", _features("s1"), exclude=())

@@ -183,7 +183,7 @@ def test_save_and_load_roundtrip(tmp_path: Path) -> None:
     settings = RoutingSettings(min_samples=2)
     stats = LearnedStats(settings)
     for i in range(10):
-        stats.observe(CLS, "max", obs(40.0 + i))
+        stats.observe(CLS, "max", obs(40.0 + i), load=i % 3)
         stats.observe(RequestClass("16k-32k", "prose"), "off", obs(30.0, profile="off"))
         stats.observe(CLS, "max", obs(70.0), model="other")
     f = extract_features(
@@ -200,6 +200,8 @@ def test_save_and_load_roundtrip(tmp_path: Path) -> None:
     loaded = LearnedStats.load(path, settings)
     assert loaded.load_report.startswith("loaded 3 cells")
     assert loaded.table() == stats.table()
+    assert loaded.view(CLS)["max"].decode_load == pytest.approx(stats.view(CLS)["max"].decode_load)
+    assert 0.5 < loaded.view(CLS)["max"].decode_load < 1.5
     assert loaded.calibrator.chars_per_token("m") == pytest.approx(3.0)
     # observing after a restart continues from the restored weights
     loaded.observe(CLS, "max", obs(40.0))
