@@ -8,12 +8,14 @@ them all: a field the request did not get to (a refused request has no profile) 
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any, TextIO
 
+import orjson
 import structlog
 from aiohttp.http_exceptions import HttpProcessingError
 from structlog.typing import Processor
@@ -115,6 +117,14 @@ def _flag(argument: str) -> str:
     return argument.partition("=")[0]
 
 
+def _orjson_text(event: Any, **_: Any) -> str:
+    # orjson renders a request line ~5x faster than json.dumps; str() keeps odd values readable.
+    try:
+        return orjson.dumps(event, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:  # what orjson refuses outright, such as integers past 64 bits
+        return json.dumps(event, default=str)
+
+
 def canonical_request(
     _logger: Any, _method: str, event: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
@@ -140,7 +150,7 @@ def configure_logging(
     renderer: Processor = (
         structlog.dev.ConsoleRenderer(colors=on_tty)
         if fmt == "console" or (fmt == "auto" and on_tty)
-        else structlog.processors.JSONRenderer()
+        else structlog.processors.JSONRenderer(serializer=_orjson_text)
     )
     shared: list[Processor] = [
         structlog.processors.add_log_level,

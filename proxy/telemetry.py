@@ -14,10 +14,10 @@ the stream has ended.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.features import Api
@@ -167,8 +167,8 @@ class _Fields:
 def parse_body(api: Api, body: bytes) -> ParsedUsage:
     """Usage/timings of a non-stream response body; an unreadable body yields empty usage."""
     fields = _Fields()
-    with contextlib.suppress(ValueError, RecursionError):
-        fields.read(api, json.loads(body))
+    with contextlib.suppress(ValueError):  # orjson.JSONDecodeError is a ValueError
+        fields.read(api, orjson.loads(body))
     return fields.result()
 
 
@@ -182,8 +182,8 @@ def _event_data(event: bytes) -> object:
     if not payload or payload == b"[DONE]":
         return None
     try:
-        return json.loads(payload)
-    except (ValueError, RecursionError):
+        return orjson.loads(payload)
+    except ValueError:
         return None
 
 

@@ -306,7 +306,8 @@ async def test_secrets_never_reach_the_logs(locked: ProxyProcess, tmp_path: Path
     log = locked.log_path.read_text()
     for secret in [*CLIENT_KEYS, ADMIN_KEY, "sk-wrong-guess-777", "not-the-admin-key-555"]:
         assert secret not in log, f"{secret!r} appears in the proxy log"
-    assert '"event": "request"' in log  # the requests were logged, just without secrets
+    events = [line.get("event") for line in locked.log_lines()]
+    assert events.count("request") >= 3  # the requests were logged, just without secrets
     config = tmp_path / "config.toml"
     config.write_text(
         "[server]\napi_keys = ['sk-client-alpha-0123456789']\nadmin_key = 'adm-secret-42'\n"
