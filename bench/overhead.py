@@ -1,4 +1,5 @@
-"""Proxy overhead: one load sent directly to a simulator, through mtp-proxy and through LiteLLM.
+"""Proxy overhead: one load sent directly to a simulator, through mtp-proxy, through the aiohttp
+floor (bench/aiohttp_floor.py: a bare relay, what any aiohttp proxy costs) and through LiteLLM.
 
 One simulator serves every path (each proxy treats it as a remote backend). It decodes every
 request at a GPU-like `--tok-s` (100 tokens/s by default) that does not slow down with batch
@@ -12,10 +13,12 @@ tokens; streams of `--tokens`) and concurrency it prints, per proxy, relative to
   gap +p99          p99 of the delay between chunks, proxied minus direct (streams)
   CPU s/1k          the proxy process's CPU seconds (/proc/<pid>/stat) per 1,000 requests
 
-then LiteLLM's added latency as a multiple of mtp-proxy's, and the largest number of paced
-streams mtp-proxy sustains at >= 0.98 x direct tokens/s (streams of --search-s seconds).
+then LiteLLM's added latency as a multiple of mtp-proxy's, what mtp-proxy adds above the floor,
+and the largest number of paced streams mtp-proxy sustains at >= 0.98 x direct tokens/s
+(streams of --search-s seconds).
 
-    python -m bench.overhead [--levels 1,64,256] [--tok-s 100] [--no-litellm] [--json]
+    python -m bench.overhead [--levels 1,64,256] [--tok-s 100] [--no-litellm] [--no-floor]
+                             [--json]
 """
 
 from __future__ import annotations
@@ -32,11 +35,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from bench.aiohttp_floor import FloorProcess, start_floor
 from bench.load import cpu_seconds, paced_preset
-from bench.processes import ProxyProcess, SimulatorProcess, start_proxy, start_simulator
+from bench.processes import (
+    ProxyProcess,
+    SimulatorProcess,
+    free_port,
+    start_proxy,
+    start_simulator,
+)
 
 CHAT = [{"role": "user", "content": "Tell me a short story about a lighthouse."}]
 SUSTAINED = 0.98
+FLOOR = "aiohttp-floor"  # bench/aiohttp_floor.py: a relay and nothing else
 
 
 @dataclass(frozen=True)
@@ -351,9 +362,12 @@ def proxy_config(backends: dict[str, str], key: str) -> dict[str, Any]:
 class Processes:
     simulators: list[SimulatorProcess] = field(default_factory=list)
     proxy: ProxyProcess | None = None
+    floor: FloorProcess | None = None
     litellm: Any = None
 
     def stop(self) -> None:
+        if self.floor is not None:
+            self.floor.stop()
         if self.litellm is not None:
             self.litellm.stop()
         if self.proxy is not None:
@@ -371,6 +385,9 @@ def start_all(workdir: Path, args: argparse.Namespace, key: str) -> tuple[Proces
     processes.proxy = start_proxy(proxy_config(backends, key), workdir / "proxy")
     proxy = processes.proxy
     targets = [Target("mtp-proxy", proxy.url, proxy.process.pid)]
+    if args.floor:
+        processes.floor = start_floor(paced.url, free_port())
+        targets.append(Target(FLOOR, processes.floor.url, processes.floor.process.pid))
     if args.litellm:
         from bench.litellm_proxy import start_litellm
 
@@ -419,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--search", default="64,128,256,384,512,768,1024", help="stream counts")
     parser.add_argument("--search-s", type=float, default=4.0, help="length of a search stream")
     parser.add_argument("--no-litellm", dest="litellm", action="store_false")
+    parser.add_argument("--no-floor", dest="floor", action="store_false", help="skip the floor")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     args.levels = [int(c) for c in args.levels.split(",")]
@@ -486,6 +504,13 @@ def print_report(report: dict[str, Any], *, as_json: bool) -> None:
                 f"LiteLLM added {q} / mtp-proxy added {q}, {where}: {times:.1f}x "
                 f"({theirs:.2f} vs {own:.2f} ms)"
             )
+    for row in (r for r in report["table"] if r["path"] == FLOOR):
+        ours = mtp[(row["workload"], row["concurrency"])]
+        print(
+            f"mtp-proxy above the aiohttp floor, {row['workload']} x{row['concurrency']}: "
+            f"p50 {ours['added_p50_ms'] - row['added_p50_ms']:+.2f} ms, "
+            f"p99 {ours['added_p99_ms'] - row['added_p99_ms']:+.2f} ms"
+        )
     print(f"paced streams at {report['tok_s']:g} tok/s, mtp-proxy tokens/s as a share of direct:")
     best = 0
     for level, ratio, direct_rate, proxied_rate in report["sustained"]:

@@ -1,0 +1,110 @@
+"""The floor: the least an aiohttp reverse proxy can do, as a reference path for bench.overhead.
+
+It reads the request, posts it upstream on a pooled aiohttp client and relays the answer (chunk
+by chunk for streams): no routing, admission, telemetry, metrics or logging. What mtp-proxy adds
+on top of this path is the cost of its own features; what this path adds over talking to the
+backend directly is the cost of any proxy built on aiohttp (two more loopback hops, HTTP parsing
+twice) on this machine.
+
+    python -m bench.aiohttp_floor --upstream http://127.0.0.1:8081 --port 8090
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import uvloop
+from aiohttp import web
+
+UPSTREAM = web.AppKey("upstream", str)
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+_DROPPED = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+
+
+async def relay(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED}
+    url = request.app[UPSTREAM] + request.path_qs
+    async with request.app[SESSION].post(url, data=body, headers=headers) as upstream:
+        answer_headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json")}
+        if upstream.content_type != "text/event-stream":
+            payload = await upstream.read()
+            return web.Response(status=upstream.status, body=payload, headers=answer_headers)
+        out = web.StreamResponse(status=upstream.status, headers=answer_headers)
+        await out.prepare(request)
+        async for chunk in upstream.content.iter_any():
+            await out.write(chunk)
+        await out.write_eof()
+        return out
+
+
+async def client_session(app: web.Application) -> AsyncIterator[None]:
+    connector = aiohttp.TCPConnector(limit=0)  # as mtp-proxy: admission, not the pool, limits
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        app[SESSION] = session
+        yield
+
+
+def make_app(upstream: str) -> web.Application:
+    app = web.Application()
+    app[UPSTREAM] = upstream.rstrip("/")
+    app.cleanup_ctx.append(client_session)
+    app.router.add_post("/{path:.*}", relay)
+    return app
+
+
+@dataclass
+class FloorProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+def start_floor(upstream: str, port: int, timeout_s: float = 20.0) -> FloorProcess:
+    argv = [sys.executable, "-m", "bench.aiohttp_floor", "--upstream", upstream]
+    process = subprocess.Popen([*argv, "--port", str(port)], start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return FloorProcess(process, port)
+        except OSError:
+            if process.poll() is not None:
+                raise RuntimeError(f"aiohttp floor exited {process.returncode}") from None
+            time.sleep(0.05)
+    process.kill()
+    raise TimeoutError(f"aiohttp floor not listening within {timeout_s}s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    web.run_app(
+        make_app(args.upstream),
+        host=args.host,
+        port=args.port,
+        access_log=None,
+        print=None,
+        loop=uvloop.new_event_loop(),
+    )
+
+
+if __name__ == "__main__":
+    main()
