@@ -231,13 +231,20 @@ def main() -> None:
 @contextmanager
 def running_backend(mode: str = "ok", *extra: str) -> Iterator[str]:
     """Run this program on a free loopback port; yields its base URL, stops it afterwards."""
+    with backend_process(mode, *extra) as (url, _process):
+        yield url
+
+
+@contextmanager
+def backend_process(mode: str = "ok", *extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """As running_backend, with the process itself, for tests that kill it on purpose."""
     port = free_port()
     argv = [sys.executable, "-m", "tests.misbehaving_backend", "--port", str(port), "--mode", mode]
     process = subprocess.Popen([*argv, *extra], start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, process)
-        yield url
+        yield url, process
     finally:
         process.kill()
         process.wait()
