@@ -28,6 +28,7 @@ from proxy.state import ProxyState
 from proxy.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
 
 _RETRY_AFTER_S = 2.0
+_CLIENT_CLOSED = 499  # nginx's status for a request whose client left before the answer ended
 # Answers without per-request draft counts: acceptance comes from the backend's /metrics.
 _NO_TIMINGS = frozenset({"messages", "responses"})
 
@@ -49,8 +50,17 @@ class Exchange:
         self.dialect = "anthropic" if api == "messages" else "openai"
         self.features = state.router.features(api, model, body, request.headers)
         self.sink: StreamTelemetry | None = None
+        self.route: Route | None = None
 
     async def run(self) -> web.StreamResponse:
+        try:
+            return await self._run()
+        # The client went away: aiohttp cancels the handler, or a write to it fails first.
+        except (asyncio.CancelledError, ConnectionError):
+            self._abandoned()
+            raise
+
+    async def _run(self) -> web.StreamResponse:
         tried: set[str] = set()
         for _ in range(1 + self.state.settings.server.retry_before_first_byte):
             if not self._others_ready(tried):
@@ -62,6 +72,7 @@ class Exchange:
                 route = self.state.router.route(self.model, self.features, exclude=tried)
                 if route is None:
                     continue  # the slot went to another request between wake-up and routing
+                self.route = route
                 self.state.metrics.decisions.labels(self.model, route.reason, route.profile).inc()
                 try:
                     return await self._attempt(route)
@@ -252,6 +263,27 @@ class Exchange:
             est_prompt_tokens=self.features.est_prompt_tokens,
             kind=self.features.kind,
             **fields,
+        )
+
+    def _abandoned(self) -> None:
+        """The request still gets its count and log line, with where it went if it got that far."""
+        message = "the client disconnected before its answer was complete"
+        route = self.route
+        if route is None:
+            self._refused(_CLIENT_CLOSED, message)
+            return
+        self._count(route.profile, route.class_label, _CLIENT_CLOSED)
+        self.log.info(
+            "request",
+            model=self.model,
+            profile=route.profile,
+            backend=route.backend.name,
+            request_class=route.class_label,
+            reason=route.reason,
+            status=_CLIENT_CLOSED,
+            stream=self.sink is not None,
+            duration_s=round(time.perf_counter() - self.received, 4),
+            error=message,
         )
 
     def _refused(self, status: int, message: str) -> None:

@@ -281,7 +281,16 @@ async def busy_slots(session: aiohttp.ClientSession, port: int) -> int:
         return sum(1 for slot in await response.json() if slot["is_processing"])
 
 
+def client_closed_lines(proxy: ProxyProcess) -> int:
+    return sum(
+        1
+        for line in proxy.log_lines()
+        if line.get("event") == "request" and line.get("status") == 499
+    )
+
+
 async def test_client_disconnect_storm_frees_every_backend_slot(faulty_proxy: ProxyProcess) -> None:
+    closed_before = client_closed_lines(faulty_proxy)
     ports = {}
     for profile in ("off", "min"):
         ports[profile] = int((await wait_ready(faulty_proxy, f"mtp-demo/{profile}"))["port"])
@@ -313,3 +322,8 @@ async def test_client_disconnect_storm_frees_every_backend_slot(faulty_proxy: Pr
                 while await busy_slots(probe, ports[profile]) and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
                 assert await busy_slots(probe, ports[profile]) == 0, f"{profile} slots still busy"
+    # Every abandoned request, streaming or still queued, is logged with nginx's 499.
+    deadline = time.monotonic() + 2.0
+    while client_closed_lines(faulty_proxy) - closed_before < 48 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert client_closed_lines(faulty_proxy) - closed_before == 48
