@@ -11,7 +11,8 @@ Pure: no I/O, no clock, randomness only from the ``random.Random`` passed in. Or
    the cold rules (short -> max, long code -> min, long prose -> off) with the break-even
    acceptance guard. Agent-like new sessions are planned at ``agent_horizon_tokens``.
 4. exploration: at most ``exploration_rate`` of placements, Thompson sampling among the other
-   profiles (untried first); never for a session with a cache holder, never past
+   profiles (untried first), ``cold_exploration_rate`` while the class is still placed by the
+   cold rules; never for a session with a cache holder, never past
    ``exploration_max_tokens``, and on long contexts never a profile known to be much worse.
 5. spill: a busy chosen backend (in_flight >= spill_threshold x slots) gives way to another
    profile's free backend when that is expected to finish sooner.
@@ -206,11 +207,10 @@ def decide(
     cls = classify_tokens(tokens, features.kind, settings)
     plan = _Planner(features, ready, *_estimates(stats, cls, ready, settings), settings)
     profile, reason, detail = _place(plan, tokens, cls)
-    if (
-        settings.learning
-        and tokens < settings.exploration_max_tokens
-        and rng.random() < settings.exploration_rate
-    ):
+    # A class still placed by the cold rules explores more (bounded: only until two profiles
+    # are trusted there); a learned class keeps the small steady rate.
+    rate = settings.cold_exploration_rate if reason == "rule" else settings.exploration_rate
+    if settings.learning and tokens < settings.exploration_max_tokens and rng.random() < rate:
         explored = _explore(plan, profile, tokens, rng)
         if explored is not None:
             profile, reason, detail = explored, "explore", f"explore {explored} (was {profile})"

@@ -176,7 +176,7 @@ class Router:
             if b.name not in exclude
         ]
         decision = decide(
-            features, candidates, self.stats.for_model(model), self.settings, self._rng
+            features, candidates, self.stats.for_model(model), self.settings, self._draws(features)
         )
         if decision is None:
             return None
@@ -193,6 +193,18 @@ class Router:
         return Route(
             backend, decision.profile, decision.reason, decision.detail, cls, backend.in_flight, key
         )
+
+    def _draws(self, features: RequestFeatures) -> random.Random:
+        """The random source of one decision. Seeded: drawn from the seed and the request's own
+        content (session key, prompt size), so a request's exploration draws do not depend on
+        how many decisions happened to come before it; one shared stream turned every timing
+        race (which of two requests is decided first) into different draws for all later
+        requests, and repeated benchmark runs apart. Unseeded: the shared fresh stream."""
+        if self.settings.seed is None:
+            return self._rng
+        key = f"{self.settings.seed}/{features.session_key}/{features.prompt_chars}"
+        key += f"/{features.token_ids}/{features.images}"
+        return random.Random(key)  # a str seed is hashed with SHA-512: the same in every run
 
     def pinned_profile(
         self, model: str, features: RequestFeatures, exclude: Collection[str] = ()

@@ -82,6 +82,16 @@ class RoutingSettings(BaseModel):
         description="At most this fraction of requests explores another profile (hard cap "
         "0.2). Thompson sampling decides whether a given draw actually explores.",
     )
+    cold_exploration_rate: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="While a class has fewer than two trusted profiles (its placements come "
+        "from the cold rules), this share of its requests below exploration_max_tokens tries a "
+        "profile with too few samples instead, so the class learns in a few requests rather "
+        "than in hundreds (a cold rule can be far off: setup A's max is the slowest profile). "
+        "Bounded by count, not rate: it stops once two profiles have min_samples each.",
+    )
     exploration_max_regret: float = Field(
         default=0.25,
         ge=0.0,

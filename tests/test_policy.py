@@ -15,7 +15,7 @@ from proxy.stats import LearnedStats, RequestClass, classify_tokens
 from proxy.telemetry import Observation
 
 S = RoutingSettings()
-NO_EXPLORE = RoutingSettings(exploration_rate=0.0)
+NO_EXPLORE = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0)
 
 
 def feat(
@@ -132,7 +132,7 @@ def test_pin_roles(pin: str, profile: str) -> None:
 
 
 def test_pin_custom_name_maps_roles_and_prefers_holder() -> None:
-    settings = RoutingSettings(profile_max="turbo", exploration_rate=0)
+    settings = RoutingSettings(profile_max="turbo", exploration_rate=0, cold_exploration_rate=0)
     cands = [
         Candidate("t1", "turbo", True, 0, 4),
         Candidate("t2", "turbo", True, 3, 4, holds_session=True),
@@ -169,7 +169,7 @@ def test_cold_rules(tokens: int, kind: ContentKind, agentic: bool, profile: str)
 
 
 def test_agent_horizon_can_be_disabled() -> None:
-    settings = RoutingSettings(agent_horizon_tokens=0, exploration_rate=0)
+    settings = RoutingSettings(agent_horizon_tokens=0, exploration_rate=0, cold_exploration_rate=0)
     assert run(feat(2000, "code", agentic=True), pool(), settings=settings).profile == "max"
 
 
@@ -277,7 +277,7 @@ def test_replica_of_same_profile_before_spilling() -> None:
 
 
 def test_spill_threshold_below_one() -> None:
-    settings = RoutingSettings(spill_threshold=0.5, exploration_rate=0)
+    settings = RoutingSettings(spill_threshold=0.5, exploration_rate=0, cold_exploration_rate=0)
     # busy at 2/4: no queue yet, but the load-discounted max loses to an idle min
     d = run(feat(), pool(max_=2), settings=settings)
     assert (d.profile, d.reason) == ("min", "spill")

@@ -71,7 +71,7 @@ def test_slot_caches_forget_busy_marks_of_requests_never_released() -> None:
 
 
 def test_a_session_whose_cache_was_overwritten_is_placed_afresh() -> None:
-    router = _router(RoutingSettings(exploration_rate=0.0), slots=1)
+    router = _router(RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0), slots=1)
     first = router.route("m", _features("s1"), exclude=())
     assert first is not None and first.backend.name == "m/max"
     assert router.route("m", _features("s1"), exclude=()).reason == "affinity"  # type: ignore[union-attr]
@@ -81,7 +81,7 @@ def test_a_session_whose_cache_was_overwritten_is_placed_afresh() -> None:
 
 
 def test_a_full_cache_holder_stays_a_candidate() -> None:
-    router = _router(RoutingSettings(exploration_rate=0.0), slots=1)
+    router = _router(RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0), slots=1)
     long = _features("agent", tokens=100_000)
     first = router.route("m", long, exclude=())
     assert first is not None
@@ -92,7 +92,7 @@ def test_a_full_cache_holder_stays_a_candidate() -> None:
 
 
 def test_clock_scale_and_learning_switch() -> None:
-    settings = RoutingSettings(clock_scale=50.0, exploration_rate=0.0)
+    settings = RoutingSettings(clock_scale=50.0, exploration_rate=0.0, cold_exploration_rate=0.0)
     router = _router(settings)
     f = _features("s")
     route = router.route("m", f, exclude=())
@@ -123,3 +123,24 @@ def test_seeded_routers_decide_alike() -> None:
         return out
 
     assert picks() == picks()
+
+
+def test_seeded_draws_of_a_request_do_not_depend_on_earlier_decisions() -> None:
+    # Timing races change which requests are decided first; a request's own draws must not
+    # change with them (or one race reshuffles every later exploration).
+    settings = RoutingSettings(seed=7, exploration_rate=0.2, cold_exploration_rate=0.5)
+
+    def pick(warmup: int) -> list[str]:
+        router = Router(settings, _router(settings).pool)
+        for i in range(warmup):
+            router.route("m", _features(f"warm{i}"), exclude=())
+        out = []
+        for i in range(40):
+            r = router.route("m", _features(f"s{i}"), exclude=())
+            assert r is not None
+            out.append(r.reason)
+        return out
+
+    first = pick(0)
+    assert first == pick(3) == pick(11)
+    assert "explore" in first  # the draws do explore, just the same way every time
