@@ -17,11 +17,12 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import aiohttp
 import uvloop
 from aiohttp import web
+
+from bench.processes import ServerProcess
 
 UPSTREAM = web.AppKey("upstream", str)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
@@ -60,28 +61,14 @@ def make_app(upstream: str) -> web.Application:
     return app
 
 
-@dataclass
-class FloorProcess:
-    process: subprocess.Popen[bytes]
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(10)
-
-
-def start_floor(upstream: str, port: int, timeout_s: float = 20.0) -> FloorProcess:
+def start_floor(upstream: str, port: int, timeout_s: float = 20.0) -> ServerProcess:
     argv = [sys.executable, "-m", "bench.aiohttp_floor", "--upstream", upstream]
     process = subprocess.Popen([*argv, "--port", str(port)], start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return FloorProcess(process, port)
+            return ServerProcess(process, port)
         except OSError:
             if process.poll() is not None:
                 raise RuntimeError(f"aiohttp floor exited {process.returncode}") from None

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from bench.aiohttp_floor import FloorProcess, start_floor
+from bench.aiohttp_floor import start_floor
 from bench.load import cpu_seconds, paced_preset
 from bench.processes import (
     ProxyProcess,
-    SimulatorProcess,
+    ServerProcess,
     free_port,
     start_proxy,
     start_simulator,
@@ -360,9 +360,9 @@ def proxy_config(backends: dict[str, str], key: str) -> dict[str, Any]:
 
 @dataclass
 class Processes:
-    simulators: list[SimulatorProcess] = field(default_factory=list)
+    simulators: list[ServerProcess] = field(default_factory=list)
     proxy: ProxyProcess | None = None
-    floor: FloorProcess | None = None
+    floor: ServerProcess | None = None
     litellm: Any = None
 
     def stop(self) -> None:

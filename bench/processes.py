@@ -129,7 +129,9 @@ def running_proxy(config: dict[str, Any], workdir: Path) -> Iterator[ProxyProces
 
 
 @dataclass
-class SimulatorProcess:
+class ServerProcess:
+    """A child serving HTTP on a loopback port: the simulator, the aiohttp floor."""
+
     process: subprocess.Popen[bytes]
     port: int
 
@@ -147,14 +149,14 @@ class SimulatorProcess:
                 self.process.wait()
 
 
-def start_simulator(args: list[str], *, timeout: float = 20.0) -> SimulatorProcess:
+def start_simulator(args: list[str], *, timeout: float = 20.0) -> ServerProcess:
     """`python -m simulator ARGS` on a free loopback port, once /health answers 200."""
     port = free_port()
     argv = [sys.executable, "-m", "simulator", *args, "--host", "127.0.0.1", "--port", str(port)]
     process = subprocess.Popen(
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
-    simulator = SimulatorProcess(process, port)
+    simulator = ServerProcess(process, port)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -250,11 +250,7 @@ class Exchange:
             fields = {"output_tokens": usage.output_tokens or usage.predicted_n}
         self.log.info(
             "request",
-            model=self.model,
-            profile=route.profile,
-            backend=route.backend.name,
-            request_class=route.class_label,
-            reason=route.reason,
+            **self._where(route),
             detail=route.detail,
             status=relayed.status,
             stream=relayed.streamed,
@@ -275,16 +271,21 @@ class Exchange:
         self._count(route.profile, route.class_label, _CLIENT_CLOSED)
         self.log.info(
             "request",
-            model=self.model,
-            profile=route.profile,
-            backend=route.backend.name,
-            request_class=route.class_label,
-            reason=route.reason,
+            **self._where(route),
             status=_CLIENT_CLOSED,
             stream=self.sink is not None,
             duration_s=round(time.perf_counter() - self.received, 4),
             error=message,
         )
+
+    def _where(self, route: Route) -> dict[str, str]:
+        return {
+            "model": self.model,
+            "profile": route.profile,
+            "backend": route.backend.name,
+            "request_class": route.class_label,
+            "reason": route.reason,
+        }
 
     def _refused(self, status: int, message: str) -> None:
         elapsed = time.perf_counter() - self.received
