@@ -166,7 +166,7 @@ def configure_logging(
     ]
     number: int = logging.getLevelNamesMapping()[level.upper()]
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, *shared, renderer],
+        processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(number),
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
