@@ -9,7 +9,8 @@ Pure: no I/O, no clock, randomness only from the ``random.Random`` passed in. Or
 3. placement: with trusted estimates for two or more profiles of the (planned) class, the best
    expected goodput = output tokens / (prefill + queue + decode time), load included; otherwise
    the cold rules (short -> max, long code -> min, long prose -> off) with the break-even
-   acceptance guard. Agent-like new sessions are planned at ``agent_horizon_tokens``.
+   acceptance guard. Agent-like new sessions are planned at ``agent_horizon_tokens``, with the
+   long sessions resident on each backend counted as load (cold: spread over min and off).
 4. exploration: at most ``exploration_rate`` of placements, Thompson sampling among the other
    profiles (untried first), ``cold_exploration_rate`` while the class is still placed by the
    cold rules; never for a session with a cache holder, never past
@@ -51,7 +52,9 @@ class Candidate:
     holds_session: bool = False
     evicts_tokens: int = 0
     """Prompt tokens of another session's cache that a new session here would overwrite (the
-    backend's least recently used slot, when every slot holds one); 0 if a slot is free."""
+    backend's least recently used idle slot, when every slot holds one); 0 if a slot is free."""
+    resident: int = 0
+    """Other long sessions (agents, documents) whose caches this backend holds: standing load."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,10 @@ class _Planner:
             self.groups.setdefault(c.profile, []).append(c)
         self.out = self._output_tokens()
         self._best: dict[str, Candidate | None] = {}
+        # A new agent session stays where it starts for its cache: the long sessions already
+        # resident on a backend load it for the session's whole life, not just their in-flight
+        # requests of the moment.
+        self.long_lived = features.agentic and not any(c.holds_session for c in ready)
 
     def _output_tokens(self) -> float:
         learned = [e.output_tokens for e in self.est.values() if e.trusted and e.output_tokens]
@@ -132,7 +139,8 @@ class _Planner:
         e = self.est.get(c.profile)
         prefill_rate = (e.prefill_tok_s if e else None) or self.s.prior_prefill_tok_s
         n = c.in_flight
-        decode = self.idle_decode(c.profile) / self.load_factor(c.profile, n)
+        load = max(n, c.resident) if self.long_lived else n
+        decode = self.idle_decode(c.profile) / self.load_factor(c.profile, load)
         uncached = 0 if c.holds_session else self.f.est_prompt_tokens
         service = uncached / prefill_rate + self.out / decode
         slots = max(c.slots, 1)
@@ -215,8 +223,31 @@ def decide(
         if explored is not None:
             profile, reason, detail = explored, "explore", f"explore {explored} (was {profile})"
     if reason in ("rule", "fallback"):
+        profile, detail = _spread(plan, profile, detail)
         profile, reason, detail = _spare_cache(plan, profile, reason, detail)
     return _spill(plan, profile, reason, note + detail)
+
+
+_LONG_CODE_ROLES: tuple[Role, ...] = ("min", "off")  # the design card's long-code picks
+
+
+def _spread(plan: _Planner, profile: str, detail: str) -> tuple[str, str]:
+    """A cold placement of a new agent session goes to the other long-code profile when its
+    backend carries fewer long sessions: two agents decoding long contexts on one backend
+    cost each other most of the speculation gain, and neither will move (its cache)."""
+    names = [plan.s.role_profile(r) for r in _LONG_CODE_ROLES]
+    if not plan.long_lived or profile not in names:
+        return profile, detail
+    chosen = plan.best_backend(profile)
+    assert chosen is not None  # profile comes from plan.groups
+    load = max(chosen.in_flight, chosen.resident)
+    for p in names:
+        c = plan.best_backend(p)
+        if p == profile or c is None or plan.acceptance_guarded(p) or plan.busy(c):
+            continue
+        if max(c.in_flight, c.resident) < load:
+            return p, f"{detail}; spread: {chosen.resident} long sessions on {chosen.name}"
+    return profile, detail
 
 
 def _spare_cache(

@@ -107,6 +107,15 @@ class SlotCaches:
         while busy and sum(busy.values()) > in_flight + max(slots, 1):
             del busy[next(iter(busy))]
 
+    def resident(self, backend: str, session_key: str | None, min_tokens: int) -> int:
+        """Other sessions whose cached prompt of at least ``min_tokens`` the backend holds."""
+        if min_tokens <= 0:
+            return 0
+        lru: Mapping[object, int] = self._lru.get(backend, {})
+        return sum(
+            1 for k, n in lru.items() if n >= min_tokens and type(k) is str and k != session_key
+        )
+
     def holds(self, backend: str, session_key: str) -> bool:
         return session_key in self._lru.get(backend, ())
 
@@ -155,6 +164,7 @@ class Router:
         holder = self._holder(features.session_key)
         pinned = self.pinned_profile(model, features, exclude)
         backends = self.pool.of_model(model)
+        resident_tokens = self.settings.resident_session_tokens
         for b in backends:
             self._caches.trim(b.name, b.in_flight, b.slots)
         candidates = [
@@ -171,6 +181,7 @@ class Router:
                 b.slots,
                 b.name == holder,
                 self._caches.victim_tokens(b.name, features.session_key, b.slots),
+                self._caches.resident(b.name, features.session_key, resident_tokens),
             )
             for b in backends
             if b.name not in exclude

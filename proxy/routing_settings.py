@@ -53,6 +53,15 @@ class RoutingSettings(BaseModel):
         "placed as if its prompt were at least this long: the session stays where it starts "
         "(prefix cache), so it is placed for what it will become. 0 disables.",
     )
+    resident_session_tokens: int = Field(
+        default=8192,
+        ge=0,
+        description="A session whose cached prompt on a backend is at least this long (an "
+        "agent's, a document's) counts as standing load there: it comes back turn after turn "
+        "and stays for its cache. A new agent session is placed with that load counted, and "
+        "the cold rules spread such sessions over the long-code profiles (min, off) instead of "
+        "stacking them on one. 0 disables.",
+    )
     break_even_acceptance: float = Field(
         default=0.5,
         gt=0.0,

@@ -509,6 +509,40 @@ def test_cold_placement_spares_a_long_cached_prompt() -> None:
     assert run(feat(500), cands(300)).profile == "max"  # a cheap victim is overwritten
 
 
+def test_new_agent_sessions_are_spread_over_the_long_code_profiles() -> None:
+    def cands(min_resident: int, off_resident: int = 0) -> list[Candidate]:
+        return [
+            Candidate("b-off", "off", True, 0, 4, resident=off_resident),
+            Candidate("b-min", "min", True, 0, 4, resident=min_resident),
+            Candidate("b-max", "max", True, 0, 4),
+        ]
+
+    agent = feat(9000, "code", agentic=True)
+    assert run(agent, cands(0)).profile == "min"  # the cold rule
+    d = run(agent, cands(1))  # another agent lives on min: this one goes to off
+    assert (d.profile, d.reason) == ("off", "rule")
+    assert "spread: 1 long sessions on b-min" in d.detail
+    assert run(agent, cands(1, 1)).profile == "min"  # as loaded: the rule's pick
+    assert run(agent, cands(2, 1)).profile == "off"
+    # A one-off long prompt (not a session that will stay) is not spread.
+    assert run(feat(40_000, "code"), cands(2)).profile == "min"
+
+
+def test_learned_placement_of_an_agent_counts_resident_sessions_as_load() -> None:
+    stats = LearnedStats(NO_EXPLORE)
+    cls = cls_of(40_000, "code")
+    train(stats, cls, "off", 30.0)
+    train(stats, cls, "min", 36.0)
+    train(stats, cls, "max", 20.0)
+    resident = [
+        Candidate("b-off", "off", True, 0, 4),
+        Candidate("b-min", "min", True, 0, 4, resident=2),
+        Candidate("b-max", "max", True, 0, 4),
+    ]
+    assert run(feat(40_000, "code"), resident, stats).profile == "min"  # a one-off request
+    assert run(feat(40_000, "code", agentic=True), resident, stats).profile == "off"
+
+
 def test_learned_placement_counts_the_cache_it_overwrites() -> None:
     stats = LearnedStats(NO_EXPLORE)
     cls = cls_of(500)

@@ -62,6 +62,18 @@ def test_slot_caches_never_count_a_busy_slot_as_the_victim() -> None:
     assert caches.victim_tokens("b", "other", 2) == 80_000  # now idle and least recent
 
 
+def test_slot_caches_count_other_long_sessions_as_resident() -> None:
+    caches = SlotCaches()
+    caches.use("b", "agent-1", 40_000, slots=4)
+    caches.use("b", "agent-2", 9_000, slots=4)
+    caches.use("b", "chat", 300, slots=4)
+    caches.use("b", None, 50_000, slots=4)  # a one-off request: no session comes back
+    assert caches.resident("b", "new", 8192) == 2
+    assert caches.resident("b", "agent-1", 8192) == 1  # not itself
+    assert caches.resident("b", "new", 0) == 0  # disabled
+    assert caches.resident("other", "new", 8192) == 0
+
+
 def test_slot_caches_forget_busy_marks_of_requests_never_released() -> None:
     caches = SlotCaches()
     caches.use("b", "a", 50_000, slots=2)  # failed: never released
