@@ -27,7 +27,9 @@ async def json_body(request: web.Request) -> dict[str, Any]:
     raw = await request.read()
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError: nesting deeper than the decoder's stack allows (where exactly depends
+        # on the stack depth at the time, so it came and went); a client error, not a 500.
         raise BadRequest(f"Failed to parse JSON body: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")

@@ -291,6 +291,9 @@ async def test_bad_requests(http: aiohttp.ClientSession, off_sim: Sim) -> None:
     assert status == 400 and body["error"]["type"] == "exceed_context_size_error"
     async with http.get(off_sim.url + "/no/such/path") as r:
         assert r.status == 404 and (await r.json())["error"]["type"] == "not_found_error"
+    deep = b'{"messages":' + b"[" * 5000 + b"]" * 5000 + b"}"  # deeper than the decoder's stack
+    async with http.post(off_sim.url + "/v1/messages", data=deep) as r:
+        assert r.status == 400
 
 
 # --- slots, cache, concurrency -------------------------------------------------------------------
