@@ -35,7 +35,12 @@ PROFILES: list[dict[str, Any]] = [
 def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     model = simulator_model(time_scale=TIME_SCALE, profiles=PROFILES, extra_args=["--seed", "3"])
     # No exploration: what moves the traffic is what the proxy learned, deterministically.
-    routing = {"seed": 1, "clock_scale": TIME_SCALE, "exploration_rate": 0.0}
+    routing = {
+        "seed": 1,
+        "clock_scale": TIME_SCALE,
+        "exploration_rate": 0.0,
+        "cold_exploration_rate": 0.0,
+    }
     config = proxy_config([model], routing=routing)
     with running_proxy(config, tmp_path_factory.mktemp("collapse")) as proxy:
         _wait_all_ready(proxy)
