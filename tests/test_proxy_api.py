@@ -12,10 +12,13 @@ import aiohttp
 import anthropic
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.harness import ADMIN_KEY, ProxyProcess, proxy_config, simulator_model, start_proxy
 
-CHAT = [{"role": "user", "content": "Say hello in one short sentence."}]
+CHAT: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Say hello in one short sentence."}
+]
 
 
 def sse_events(raw: bytes) -> list[dict[str, Any]]:
