@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from structlog.typing import FilteringBoundLogger
@@ -68,8 +67,8 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
 
 
 def request_logger(request: web.Request, api: Api) -> FilteringBoundLogger:
-    logger: FilteringBoundLogger = structlog.get_logger("proxy.request")
-    return logger.bind(request_id=_request_id(request), api=api)
+    base = request.app[STATE].request_log
+    return base.bind(request_id=_request_id(request), api=api)
 
 
 def refuse(

@@ -7,8 +7,10 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
+import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
+from structlog.typing import FilteringBoundLogger
 
 from proxy.admission import Admission
 from proxy.forward import Timeouts
@@ -56,6 +58,11 @@ class ProxyState:
     session: aiohttp.ClientSession | None = None
     supervisor: Supervisor | None = None
     notified_ready: bool = False
+    # Bound once (logging is configured before the app is made): building a logger from
+    # structlog's configuration for every request took ~70 us on a cold path.
+    request_log: FilteringBoundLogger = field(
+        default_factory=lambda: structlog.get_logger("proxy.request").bind()
+    )
 
     def client(self) -> aiohttp.ClientSession:
         if self.session is None:
