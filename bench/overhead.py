@@ -18,7 +18,10 @@ and the largest number of paced streams mtp-proxy sustains at >= 0.98 x direct t
 (streams of --search-s seconds).
 
     python -m bench.overhead [--levels 1,64,256] [--tok-s 100] [--no-litellm] [--no-floor]
-                             [--json]
+                             [--baseline DIR] [--json]
+
+``--baseline DIR`` adds mtp-proxy as found in another checkout (`git worktree add DIR REV`):
+a change's before and after, measured in the same run.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from bench.processes import (
 CHAT = [{"role": "user", "content": "Tell me a short story about a lighthouse."}]
 SUSTAINED = 0.98
 FLOOR = "aiohttp-floor"  # bench/aiohttp_floor.py: a relay and nothing else
+BASELINE = "baseline"  # mtp-proxy from --baseline DIR
 
 
 @dataclass(frozen=True)
@@ -363,9 +367,12 @@ class Processes:
     simulators: list[ServerProcess] = field(default_factory=list)
     proxy: ProxyProcess | None = None
     floor: ServerProcess | None = None
+    baseline: ProxyProcess | None = None
     litellm: Any = None
 
     def stop(self) -> None:
+        if self.baseline is not None:
+            self.baseline.stop()
         if self.floor is not None:
             self.floor.stop()
         if self.litellm is not None:
@@ -385,6 +392,12 @@ def start_all(workdir: Path, args: argparse.Namespace, key: str) -> tuple[Proces
     processes.proxy = start_proxy(proxy_config(backends, key), workdir / "proxy")
     proxy = processes.proxy
     targets = [Target("mtp-proxy", proxy.url, proxy.process.pid)]
+    if args.baseline is not None:  # the same proxy from another checkout, e.g. before a change
+        baseline = start_proxy(
+            proxy_config(backends, key), workdir / "baseline", checkout=args.baseline
+        )
+        processes.baseline = baseline
+        targets.append(Target(BASELINE, baseline.url, baseline.process.pid))
     if args.floor:
         processes.floor = start_floor(paced.url, free_port())
         targets.append(Target(FLOOR, processes.floor.url, processes.floor.process.pid))
@@ -437,6 +450,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--search-s", type=float, default=4.0, help="length of a search stream")
     parser.add_argument("--no-litellm", dest="litellm", action="store_false")
     parser.add_argument("--no-floor", dest="floor", action="store_false", help="skip the floor")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="also measure mtp-proxy from this checkout (git worktree add DIR REV)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     args.levels = [int(c) for c in args.levels.split(",")]
@@ -504,12 +523,12 @@ def print_report(report: dict[str, Any], *, as_json: bool) -> None:
                 f"LiteLLM added {q} / mtp-proxy added {q}, {where}: {times:.1f}x "
                 f"({theirs:.2f} vs {own:.2f} ms)"
             )
-    for row in (r for r in report["table"] if r["path"] == FLOOR):
+    for row in (r for r in report["table"] if r["path"] in (FLOOR, BASELINE)):
         ours = mtp[(row["workload"], row["concurrency"])]
         print(
-            f"mtp-proxy above the aiohttp floor, {row['workload']} x{row['concurrency']}: "
-            f"p50 {ours['added_p50_ms'] - row['added_p50_ms']:+.2f} ms, "
-            f"p99 {ours['added_p99_ms'] - row['added_p99_ms']:+.2f} ms"
+            f"mtp-proxy minus {row['path']}, {row['workload']} x{row['concurrency']}: "
+            f"added p50 {ours['added_p50_ms'] - row['added_p50_ms']:+.2f} ms, "
+            f"added p99 {ours['added_p99_ms'] - row['added_p99_ms']:+.2f} ms"
         )
     print(f"paced streams at {report['tok_s']:g} tok/s, mtp-proxy tokens/s as a share of direct:")
     best = 0

@@ -86,7 +86,11 @@ class ProxyProcess:
         return self.process.returncode
 
 
-def start_proxy(config: dict[str, Any], workdir: Path, *, wait: bool = True) -> ProxyProcess:
+def start_proxy(
+    config: dict[str, Any], workdir: Path, *, wait: bool = True, checkout: Path | None = None
+) -> ProxyProcess:
+    """Run `mtp-proxy serve` on `config`; from another `checkout` of the repo when given (its
+    `proxy` package is found first from there), to compare two versions side by side."""
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "config.toml"
     config_path.write_text(tomli_w.dumps(config))
@@ -98,6 +102,7 @@ def start_proxy(config: dict[str, Any], workdir: Path, *, wait: bool = True) -> 
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,
+            cwd=checkout,
             start_new_session=True,
         )
     proxy = ProxyProcess(process, log_path, port=0)
