@@ -3,7 +3,7 @@
 The simulated backends have more slots than there are streams and decode at a fixed pace that
 does not slow down with batch size, so the proxy (not the backends) is what is under test. Each
 stream lasts `--stream-s` seconds and is re-opened until `--duration` is over, so connections
-churn as in real traffic. Prints errors, streams and chunks, and the proxy's file descriptors,
+churn as in real traffic. Prints errors, streams and events, and the proxy's file descriptors,
 sockets and RSS before, during (peak) and after the load.
 
     python -m bench.load [--streams 1000] [--duration 60] [--tok-s 5] [--stream-s 10] [--json]
@@ -163,27 +163,34 @@ class LoadResult:
     duration_s: float
     started: int = 0
     completed: int = 0
-    chunks: int = 0
+    events: int = 0  # SSE data events received (reads may carry several)
     errors: list[str] = field(default_factory=list)
     peak: ProcessSample | None = None
     wall_s: float = 0.0
 
 
+_EVENT = b"data: "
+
+
 async def one_stream(session: aiohttp.ClientSession, url: str, tokens: int) -> int:
-    """One stream to its end; returns its chunks; raises ValueError if it did not end well."""
+    """One stream to its end; returns its SSE data events (one per token, then [DONE]); raises
+    ValueError if it did not end well."""
     body = {"model": MODEL, "messages": CHAT, "max_tokens": tokens, "stream": True}
     body["ignore_eos"] = True
-    chunks = 0
+    events = 0
     tail = b""
     async with session.post(url + "/v1/chat/completions", json=body) as response:
         if response.status != 200:
             raise ValueError(f"status {response.status}: {(await response.read())[:200]!r}")
         async for chunk in response.content.iter_any():
-            chunks += 1
+            # A read may carry several events, or split one: count in the previous read's last
+            # bytes plus this one, too short to hold a whole marker counted before.
+            window = tail[-(len(_EVENT) - 1) :] + chunk
+            events += window.count(_EVENT)
             tail = (tail + chunk)[-64:]
     if not tail.rstrip().endswith(b"data: [DONE]"):
         raise ValueError(f"stream did not end with [DONE]: ...{tail!r}")
-    return chunks
+    return events
 
 
 async def hold_streams(
@@ -209,8 +216,8 @@ async def hold_streams(
         while time.perf_counter() < deadline:
             result.started += 1
             try:
-                chunks = await one_stream(session, url, tokens)
-                result.chunks += chunks  # after the await: no lost updates
+                events = await one_stream(session, url, tokens)
+                result.events += events  # after the await: no lost updates
                 result.completed += 1
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 result.errors.append(f"{type(exc).__name__}: {exc}"[:300])
@@ -271,8 +278,8 @@ async def run(args: argparse.Namespace, proxy: ProxyProcess) -> dict[str, Any]:
         "stream_s": args.stream_s,
         "wall_s": round(load.wall_s, 1),
         "streams_completed": load.completed,
-        "chunks": load.chunks,
-        "chunks_per_s": round(load.chunks / load.wall_s),
+        "events": load.events,
+        "events_per_s": round(load.events / load.wall_s),
         "errors": len(load.errors) + len(warm.errors),
         "error_samples": (warm.errors + load.errors)[:5],
         "proxy_before": asdict(before),
@@ -320,8 +327,8 @@ def print_report(report: dict[str, Any], *, as_json: bool) -> None:
         f"{report['tok_s_per_stream']:g} tok/s each ({report['stream_s']:g} s per stream)"
     )
     print(
-        f"completed streams {report['streams_completed']}, chunks {report['chunks']} "
-        f"({report['chunks_per_s']}/s), errors {report['errors']}"
+        f"completed streams {report['streams_completed']}, events {report['events']} "
+        f"({report['events_per_s']}/s), errors {report['errors']}"
     )
     for error in report["error_samples"]:
         print(f"  error: {error}")
