@@ -12,17 +12,13 @@ twice) on this machine.
 from __future__ import annotations
 
 import argparse
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator
 
 import aiohttp
 import uvloop
 from aiohttp import web
 
-from bench.processes import ServerProcess
+from bench.processes import ServerProcess, start_server
 
 UPSTREAM = web.AppKey("upstream", str)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
@@ -46,6 +42,10 @@ async def relay(request: web.Request) -> web.StreamResponse:
         return out
 
 
+async def health(_request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
 async def client_session(app: web.Application) -> AsyncIterator[None]:
     connector = aiohttp.TCPConnector(limit=0)  # as mtp-proxy: admission, not the pool, limits
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
@@ -58,23 +58,12 @@ def make_app(upstream: str) -> web.Application:
     app[UPSTREAM] = upstream.rstrip("/")
     app.cleanup_ctx.append(client_session)
     app.router.add_post("/{path:.*}", relay)
+    app.router.add_get("/health", health)  # for start_server's readiness check
     return app
 
 
-def start_floor(upstream: str, port: int, timeout_s: float = 20.0) -> ServerProcess:
-    argv = [sys.executable, "-m", "bench.aiohttp_floor", "--upstream", upstream]
-    process = subprocess.Popen([*argv, "--port", str(port)], start_new_session=True)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return ServerProcess(process, port)
-        except OSError:
-            if process.poll() is not None:
-                raise RuntimeError(f"aiohttp floor exited {process.returncode}") from None
-            time.sleep(0.05)
-    process.kill()
-    raise TimeoutError(f"aiohttp floor not listening within {timeout_s}s")
+def start_floor(upstream: str) -> ServerProcess:
+    return start_server(["bench.aiohttp_floor", "--upstream", upstream])
 
 
 def main() -> None:

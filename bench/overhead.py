@@ -43,7 +43,6 @@ from bench.load import cpu_seconds, paced_preset
 from bench.processes import (
     ProxyProcess,
     ServerProcess,
-    free_port,
     start_proxy,
     start_simulator,
 )
@@ -399,7 +398,7 @@ def start_all(workdir: Path, args: argparse.Namespace, key: str) -> tuple[Proces
         processes.baseline = baseline
         targets.append(Target(BASELINE, baseline.url, baseline.process.pid))
     if args.floor:
-        processes.floor = start_floor(paced.url, free_port())
+        processes.floor = start_floor(paced.url)
         targets.append(Target(FLOOR, processes.floor.url, processes.floor.process.pid))
     if args.litellm:
         from bench.litellm_proxy import start_litellm

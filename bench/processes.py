@@ -156,21 +156,26 @@ class ServerProcess:
 
 def start_simulator(args: list[str], *, timeout: float = 20.0) -> ServerProcess:
     """`python -m simulator ARGS` on a free loopback port, once /health answers 200."""
+    return start_server(["simulator", *args, "--host", "127.0.0.1"], timeout=timeout)
+
+
+def start_server(module_args: list[str], *, timeout: float = 20.0) -> ServerProcess:
+    """`python -m MODULE ARGS --port P` on a free loopback port P, once GET /health answers 200."""
     port = free_port()
-    argv = [sys.executable, "-m", "simulator", *args, "--host", "127.0.0.1", "--port", str(port)]
+    argv = [sys.executable, "-m", *module_args, "--port", str(port)]
     process = subprocess.Popen(
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
-    simulator = ServerProcess(process, port)
+    server = ServerProcess(process, port)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(simulator.url + "/health", timeout=1) as response:
+            with urllib.request.urlopen(server.url + "/health", timeout=1) as response:
                 if response.status == 200:
-                    return simulator
+                    return server
         except OSError:
             if process.poll() is not None:
-                raise RuntimeError(f"simulator exited {process.returncode}") from None
+                raise RuntimeError(f"{module_args[0]} exited {process.returncode}") from None
         time.sleep(0.05)
-    simulator.stop()
-    raise TimeoutError(f"simulator not ready within {timeout}s")
+    server.stop()
+    raise TimeoutError(f"{module_args[0]} not ready within {timeout}s")
