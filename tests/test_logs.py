@@ -344,3 +344,9 @@ def test_redactor_covers_keys_headers_argv_and_known_secrets() -> None:
         "error": f"key {REDACTED} rejected; sent Basic {REDACTED}",
         "count": 3,
     }
+
+
+def test_values_orjson_refuses_still_render_as_json(captured: io.StringIO) -> None:
+    structlog.get_logger("proxy.test").info("odd", huge=2**70, keyed={1: "x"}, obj=object())
+    (line,) = [json.loads(raw) for raw in captured.getvalue().splitlines()]
+    assert line["huge"] == 2**70 and line["keyed"] == {"1": "x"} and "object" in line["obj"]
