@@ -56,4 +56,6 @@ async def restart(request: web.Request) -> web.Response:
 async def routing(request: web.Request) -> web.Response:
     if refusal := _refusal(request):
         return refusal
-    return web.json_response(request.app[STATE].router.snapshot())
+    state = request.app[STATE]
+    state.bookkeeping.flush()  # what every request answered so far taught the router
+    return web.json_response(state.router.snapshot())

@@ -152,6 +152,7 @@ async def _housekeeping(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        state.bookkeeping.flush()  # the requests drained last: their log lines and statistics
         for pending in list(state.background):
             pending.cancel()
         await _save_stats(state)
@@ -168,6 +169,7 @@ async def _save_stats(state: ProxyState) -> None:
     path = state.settings.routing.state_file
     if path is None:
         return
+    state.bookkeeping.flush()
     data = state.router.stats.dumps()  # on the loop: consistent with the requests around it
     try:
         await asyncio.get_running_loop().run_in_executor(None, write_atomic, path, data)

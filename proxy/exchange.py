@@ -100,8 +100,6 @@ class Exchange:
                 b.has_room and b.name not in tried for b in state.pool.ready_of_model(self.model)
             )
 
-        queued = state.metrics.queued.labels(self.model)
-        queued.inc()
         try:
             await state.admission.admit(self.model, has_room)
         except QueueRefused as refused:
@@ -112,8 +110,6 @@ class Exchange:
                 f"too many requests queued: {refused}",
                 retry_after=refused.retry_after_s,
             )
-        finally:
-            queued.dec()
         return None
 
     def _unavailable(self, tried: set[str]) -> web.Response:
@@ -136,18 +132,19 @@ class Exchange:
         with state.pool.lease(backend):
             sequence = backend.started_total
             sent_at = time.perf_counter()
-            state.metrics.overhead.labels(self.api).observe(sent_at - self.received)
             response = await open_upstream(state.client(), url, self.raw, headers, state.timeouts)
             async with response:
                 out, relayed = await self._relay(response, route)
         if relayed.status < 400:  # errors go back through the middleware that reshapes them
             await self._send(out)
-        self._record(route, relayed, sent_at, sequence)
+        done_at = time.perf_counter()
+        state.bookkeeping.defer(lambda: self._record(route, relayed, sent_at, done_at, sequence))
         return out
 
     async def _send(self, out: web.StreamResponse) -> None:
-        """Give the client its answer before the bookkeeping (telemetry, metrics, the log line),
-        which then costs it no latency."""
+        """Write a complete answer now: the bookkeeping (telemetry, metrics, the log line) is
+        deferred (proxy.bookkeeping), and aiohttp would otherwise write it only after the
+        handler returned."""
         if out.prepared:
             return  # a stream: already sent
         with contextlib.suppress(ConnectionError):  # the client left; the request still counts
@@ -170,9 +167,11 @@ class Exchange:
             )
         return await relay_body(response, extra, idle)
 
-    def _record(self, route: Route, relayed: Relayed, sent_at: float, sequence: int) -> None:
-        done_at = time.perf_counter()
+    def _record(
+        self, route: Route, relayed: Relayed, sent_at: float, done_at: float, sequence: int
+    ) -> None:
         state = self.state
+        state.metrics.overhead.labels(self.api).observe(sent_at - self.received)
         usage = state.router.usage(self.api, relayed, self.sink, done_at)
         self._count(route.profile, route.class_label, relayed.status)
         elapsed = done_at - self.received
@@ -268,15 +267,21 @@ class Exchange:
         if route is None:
             self._refused(_CLIENT_CLOSED, message)
             return
-        self._count(route.profile, route.class_label, _CLIENT_CLOSED)
-        self.log.info(
-            "request",
-            **self._where(route),
-            status=_CLIENT_CLOSED,
-            stream=self.sink is not None,
-            duration_s=round(time.perf_counter() - self.received, 4),
-            error=message,
-        )
+        elapsed = time.perf_counter() - self.received
+        stream = self.sink is not None
+
+        def record() -> None:
+            self._count(route.profile, route.class_label, _CLIENT_CLOSED)
+            self.log.info(
+                "request",
+                **self._where(route),
+                status=_CLIENT_CLOSED,
+                stream=stream,
+                duration_s=round(elapsed, 4),
+                error=message,
+            )
+
+        self.state.bookkeeping.defer(record)
 
     def _where(self, route: Route) -> dict[str, str]:
         return {
@@ -289,8 +294,12 @@ class Exchange:
 
     def _refused(self, status: int, message: str) -> None:
         elapsed = time.perf_counter() - self.received
-        self.state.metrics.record_refusal(self.api, status, elapsed, model=self.model)
-        self.log.info("request", model=self.model, api=self.api, status=status, error=message)
+
+        def record() -> None:
+            self.state.metrics.record_refusal(self.api, status, elapsed, model=self.model)
+            self.log.info("request", model=self.model, api=self.api, status=status, error=message)
+
+        self.state.bookkeeping.defer(record)
 
     def _count(self, profile: str, request_class: str, status: int) -> None:
         self.state.metrics.requests.labels(

@@ -82,10 +82,15 @@ def refuse(
 ) -> web.Response:
     """Answer an error before routing, and still count, time and log the request."""
     elapsed = time.perf_counter() - received
-    request.app[STATE].metrics.record_refusal(api, status, elapsed)
-    request_logger(request, api).info(
-        "request", status=status, error=message, duration_s=round(elapsed, 4)
-    )
+    state = request.app[STATE]
+
+    def record() -> None:
+        state.metrics.record_refusal(api, status, elapsed)
+        request_logger(request, api).info(
+            "request", status=status, error=message, duration_s=round(elapsed, 4)
+        )
+
+    state.bookkeeping.defer(record)
     return error_response(dialect_of(api), status, message, code=code)
 
 
@@ -161,7 +166,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[STATE].registry)
+    state = request.app[STATE]
+    state.bookkeeping.flush()  # every request answered so far is in the scrape
+    body = generate_latest(state.registry)
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from structlog.typing import FilteringBoundLogger
 
 from proxy.admission import Admission
+from proxy.bookkeeping import Bookkeeping
 from proxy.forward import Timeouts
 from proxy.metrics import ProxyMetrics
 from proxy.pool import BackendPool
@@ -55,6 +56,7 @@ class ProxyState:
     started_at: float = field(default_factory=time.time)
     spec_counters: SpecCounterTracker = field(default_factory=SpecCounterTracker)
     background: set[asyncio.Task[None]] = field(default_factory=set)
+    bookkeeping: Bookkeeping = field(default_factory=Bookkeeping)
     session: aiohttp.ClientSession | None = None
     supervisor: Supervisor | None = None
     notified_ready: bool = False

@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -281,16 +282,19 @@ async def busy_slots(session: aiohttp.ClientSession, port: int) -> int:
         return sum(1 for slot in await response.json() if slot["is_processing"])
 
 
-def client_closed_lines(proxy: ProxyProcess) -> int:
+def client_closed_lines(proxy: ProxyProcess, request_ids: set[str]) -> int:
     return sum(
         1
         for line in proxy.log_lines()
-        if line.get("event") == "request" and line.get("status") == 499
+        if line.get("event") == "request"
+        and line.get("status") == 499
+        and line.get("request_id") in request_ids
     )
 
 
 async def test_client_disconnect_storm_frees_every_backend_slot(faulty_proxy: ProxyProcess) -> None:
-    closed_before = client_closed_lines(faulty_proxy)
+    # Counted by request id: an earlier test's abandoned request may be logged during this one.
+    request_ids: set[str] = set()
     ports = {}
     for profile in ("off", "min"):
         ports[profile] = int((await wait_ready(faulty_proxy, f"mtp-demo/{profile}"))["port"])
@@ -300,14 +304,16 @@ async def test_client_disconnect_storm_frees_every_backend_slot(faulty_proxy: Pr
                 clients = [
                     await stack.enter_async_context(aiohttp.ClientSession()) for _ in range(16)
                 ]
+                ids = [uuid.uuid4().hex for _ in clients]
+                request_ids.update(ids)
                 responses = await asyncio.gather(
                     *(
                         c.post(
                             faulty_proxy.url + PATHS["chat"],
                             json=body_for("chat"),
-                            headers={"X-MTP-Profile": "off"},
+                            headers={"X-MTP-Profile": "off", "X-Request-Id": request_id},
                         )
-                        for c in clients
+                        for c, request_id in zip(clients, ids, strict=True)
                     )
                 )
                 deadline = time.monotonic() + 5.0
@@ -324,6 +330,6 @@ async def test_client_disconnect_storm_frees_every_backend_slot(faulty_proxy: Pr
                 assert await busy_slots(probe, ports[profile]) == 0, f"{profile} slots still busy"
     # Every abandoned request, streaming or still queued, is logged with nginx's 499.
     deadline = time.monotonic() + 2.0
-    while client_closed_lines(faulty_proxy) - closed_before < 48 and time.monotonic() < deadline:
+    while client_closed_lines(faulty_proxy, request_ids) < 48 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert client_closed_lines(faulty_proxy) - closed_before == 48
+    assert client_closed_lines(faulty_proxy, request_ids) == 48
