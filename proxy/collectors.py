@@ -27,6 +27,7 @@ class PoolCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self._backend_metrics()
+        yield from self._queue_metrics()
         yield from self._learned_metrics()
 
     def _backend_metrics(self) -> Iterator[Metric]:
@@ -80,6 +81,16 @@ class PoolCollector(Collector):
     def _supervised(self) -> dict[str, object]:
         supervisor = self._state.supervisor
         return {b.spec.name: b for b in supervisor.backends} if supervisor else {}
+
+    def _queue_metrics(self) -> Iterator[Metric]:
+        queued = GaugeMetricFamily(
+            "mtp_proxy_queued_requests",
+            "Requests waiting for backend capacity, by model.",
+            labels=["model"],
+        )
+        for model in self._state.models.primary_names():
+            queued.add_metric([model], self._state.admission.queued(model))
+        yield queued
 
     def _learned_metrics(self) -> Iterator[Metric]:
         labels = ["model", "request_class", "profile"]

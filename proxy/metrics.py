@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import get_args
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from proxy.policy import Reason
 from proxy.telemetry import Observation
@@ -25,8 +25,8 @@ _TOKEN_BUCKETS = (256, 1024, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 
 
 class ProxyMetrics:
-    """Every metric the request path records. Backend and learned-table series are collected
-    at scrape time by `proxy.collectors`, from the supervisor and the statistics themselves."""
+    """Every metric the request path records. Backend, queue and learned-table series are
+    collected at scrape time by `proxy.collectors`, from the objects that own them."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         p = "mtp_proxy_"
@@ -121,19 +121,12 @@ class ProxyMetrics:
             ["model", "profile"],
             registry=registry,
         )
-        self.queued = Gauge(
-            p + "queued_requests",
-            "Requests waiting for backend capacity, by model.",
-            ["model"],
-            registry=registry,
-        )
 
     def prime(self, profiles: Mapping[str, Sequence[str]]) -> None:
         """Create the series of every configured model and profile at 0, so that `rate()` and
         `increase()` see their first increment and dashboards list every routing reason."""
         for model, names in profiles.items():
             self.retries.labels(model)
-            self.queued.labels(model)
             for profile in names:
                 self.output_tokens.labels(model, profile)
                 self.upstream_failures.labels(model, profile)

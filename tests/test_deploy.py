@@ -63,6 +63,7 @@ def exported_metric_names() -> set[str]:
     ProxyMetrics(registry)
     empty = SimpleNamespace(
         pool=SimpleNamespace(all=list),
+        models=SimpleNamespace(primary_names=list),
         supervisor=None,
         router=SimpleNamespace(learned_rows=list),
     )
