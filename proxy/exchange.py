@@ -22,6 +22,7 @@ from proxy.forward import (
     relay_body,
     relay_stream,
     upstream_headers,
+    upstream_url,
 )
 from proxy.router import Route
 from proxy.state import ProxyState
@@ -128,7 +129,7 @@ class Exchange:
         headers = upstream_headers(
             self.request.headers, forward_auth=state.settings.server.forward_client_auth
         )
-        url = f"{backend.base_url}{self.request.path_qs}"
+        url = upstream_url(backend.base_url, self.request.path_qs)
         with state.pool.lease(backend):
             sequence = backend.started_total
             sent_at = time.perf_counter()

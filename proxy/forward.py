@@ -7,12 +7,14 @@ with an error event in the stream's own format: never a silently truncated strea
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
+import yarl
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -56,6 +58,14 @@ class Timeouts:
     first_byte_s: float
     idle_s: float
 
+    @functools.cached_property
+    def until_first_byte(self) -> aiohttp.ClientTimeout:
+        """The upstream request's timeouts up to the response head (made once, not per request:
+        ~30 us on a cold path)."""
+        return aiohttp.ClientTimeout(
+            total=None, sock_connect=self.connect_s, sock_read=self.first_byte_s
+        )
+
 
 @dataclass
 class Relayed:
@@ -68,6 +78,13 @@ class Relayed:
     last_chunk_at: float | None = None
     chunks: int = 0
     upstream_error: str | None = None
+
+
+@functools.lru_cache(maxsize=256)
+def upstream_url(base_url: str, path_qs: str) -> yarl.URL:
+    """A backend's URL for a request path, parsed once: aiohttp would parse the string again
+    for every request (~25 us on a cold path). Bounded: odd query strings evict each other."""
+    return yarl.URL(base_url + path_qs)
 
 
 def upstream_headers(client_headers: Mapping[str, str], *, forward_auth: bool) -> CIMultiDict[str]:
@@ -91,17 +108,16 @@ def client_headers(upstream: Mapping[str, str], extra: Mapping[str, str]) -> CIM
 
 async def open_upstream(
     session: aiohttp.ClientSession,
-    url: str,
+    url: yarl.URL,
     body: bytes,
     headers: CIMultiDict[str],
     timeouts: Timeouts,
 ) -> aiohttp.ClientResponse:
     """Send the request and wait for the response head; raise UpstreamUnavailable if it fails."""
-    timeout = aiohttp.ClientTimeout(
-        total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.first_byte_s
-    )
     try:
-        response = await session.post(url, data=body, headers=headers, timeout=timeout)
+        response = await session.post(
+            url, data=body, headers=headers, timeout=timeouts.until_first_byte
+        )
     except _UPSTREAM_ERRORS as exc:
         raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
     if response.status in _RETRYABLE_STATUS:

@@ -18,8 +18,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from multidict import CIMultiDict
 
-from proxy.forward import Timeouts, UpstreamUnavailable, open_upstream
+from proxy.forward import Timeouts, UpstreamUnavailable, open_upstream, upstream_url
 from tests.harness import proxy_config, running_proxy, simulator_model, wait_all_ready
 from tests.misbehaving_backend import backend_process
 
@@ -56,8 +57,8 @@ async def test_open_upstream_gives_up_at_the_connect_timeout() -> None:
         async with aiohttp.ClientSession() as session:
             started = time.perf_counter()
             with pytest.raises(UpstreamUnavailable, match=r"(?i)timeout"):
-                url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                await open_upstream(session, url, b"{}", {}, timeouts)  # type: ignore[arg-type]
+                url = upstream_url(f"http://127.0.0.1:{port}", "/v1/chat/completions")
+                await open_upstream(session, url, b"{}", CIMultiDict(), timeouts)
             took = time.perf_counter() - started
     assert CONNECT_S * 0.8 < took < CONNECT_S + 1.0
 
