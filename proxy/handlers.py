@@ -7,7 +7,6 @@ ask the router for a backend, forward, relay, record. Errors answer in the calle
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -126,7 +125,7 @@ def _request_id(request: web.Request) -> str:
         return known
     given = request.headers.get("X-Request-Id", "")
     valid = 0 < len(given) <= 64 and set(given) <= _REQUEST_ID_CHARS
-    chosen = given if valid else uuid.uuid4().hex
+    chosen = given if valid else request.app[STATE].request_ids.new()
     request["request_id"] = chosen
     return chosen
 

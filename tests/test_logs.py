@@ -26,6 +26,7 @@ import structlog
 import tomli_w
 
 from proxy.logs import REDACTED, REQUEST_FIELDS, Redactor, configure_logging
+from proxy.state import RequestIds
 from tests.harness import (
     ADMIN_KEY,
     ProxyProcess,
@@ -350,3 +351,10 @@ def test_values_orjson_refuses_still_render_as_json(captured: io.StringIO) -> No
     structlog.get_logger("proxy.test").info("odd", huge=2**70, keyed={1: "x"}, obj=object())
     (line,) = [json.loads(raw) for raw in captured.getvalue().splitlines()]
     assert line["huge"] == 2**70 and line["keyed"] == {"1": "x"} and "object" in line["obj"]
+
+
+def test_generated_request_ids_are_uuid_sized_hex_and_never_repeat() -> None:
+    first, restarted = RequestIds(), RequestIds()
+    ids = [first.new() for _ in range(1000)] + [restarted.new() for _ in range(1000)]
+    assert len(set(ids)) == len(ids)  # a restart (a new prefix) does not repeat old ids
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
