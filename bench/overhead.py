@@ -7,6 +7,7 @@ size, so the proxies, not the backend, make the difference. Paths take turns, ro
 so machine noise falls on all of them alike. For each workload (small non-stream requests of 16
 tokens; streams of `--tokens`) and concurrency it prints, per proxy, relative to direct:
 
+  n                 requests measured per path (a p99 of a few dozen is close to their max)
   added p50 / p99   latency percentiles of complete requests, proxied minus direct
   ratio             delivered tokens/s of a stream, first chunk to last (streams), or
                     requests/s (non-stream), proxied / direct
@@ -316,6 +317,7 @@ def compare(direct: RunResult, proxied: RunResult, stream: bool) -> dict[str, fl
         "cpu_s_per_1k": 1000 * proxied.cpu_s / served if served else float("nan"),
         "direct_p50_ms": 1000 * pct(direct, 0.5),
         "errors": float(proxied.errors + direct.errors),
+        "samples": float(served),  # a p99 of 32 samples is their maximum: one hiccup
     }
 
 
@@ -487,6 +489,7 @@ def print_report(report: dict[str, Any], *, as_json: bool) -> None:
     columns = (
         "workload",
         "conc",
+        "n",
         "path",
         "added p50",
         "added p99",
@@ -497,7 +500,7 @@ def print_report(report: dict[str, Any], *, as_json: bool) -> None:
     )
     print("  ".join(f"{c:>10}" for c in columns))
     for row in report["table"]:
-        cells = [row["workload"], str(row["concurrency"]), row["path"]]
+        cells = [row["workload"], str(row["concurrency"]), str(int(row["samples"])), row["path"]]
         cells += [
             f"{row['added_p50_ms']:.2f}ms",
             f"{row['added_p99_ms']:.2f}ms",

@@ -25,6 +25,7 @@ def test_overhead_benchmark_measures_every_path(capsys: pytest.CaptureFixture[st
     }
     for row in rows.values():
         assert row["errors"] == 0
+        assert row["samples"] == {"small": 400, "stream": 32}[row["workload"]]  # all measured
         assert 0.5 < row["ratio"] < 2.0  # tokens/s (streams) or requests/s within reason
         assert row["cpu_s_per_1k"] > 0  # the proxy's own CPU time was read
     for path in ("mtp-proxy", overhead.FLOOR):
