@@ -91,6 +91,17 @@ def start_proxy(
 ) -> ProxyProcess:
     """Run `mtp-proxy serve` on `config`; from another `checkout` of the repo when given (its
     `proxy` package is found first from there), to compare two versions side by side."""
+    proxy = spawn_proxy(config, workdir, checkout=checkout)
+    proxy.port = wait_listening(proxy)
+    if wait:
+        proxy.wait_healthy()
+    return proxy
+
+
+def spawn_proxy(
+    config: dict[str, Any], workdir: Path, *, checkout: Path | None = None
+) -> ProxyProcess:
+    """Start `mtp-proxy serve` and return at once: it may not listen yet (port 0 until then)."""
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "config.toml"
     config_path.write_text(tomli_w.dumps(config))
@@ -105,14 +116,10 @@ def start_proxy(
             cwd=checkout,
             start_new_session=True,
         )
-    proxy = ProxyProcess(process, log_path, port=0)
-    proxy.port = _wait_listening(proxy)
-    if wait:
-        proxy.wait_healthy()
-    return proxy
+    return ProxyProcess(process, log_path, port=0)
 
 
-def _wait_listening(proxy: ProxyProcess, timeout: float = 20.0) -> int:
+def wait_listening(proxy: ProxyProcess, timeout: float = 20.0) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for line in proxy.log_lines():

@@ -195,27 +195,27 @@ async def serve(
     runner = web.AppRunner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=_CUT_GRACE_S
     )
-    await runner.setup()
     reloader = Reloader(app[STATE], config_path)
-    _tune_gc()
-    try:
-        site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=4096)
-        await site.start()
-        port = _bound_port(runner)
-        log.info("listening", host=settings.server.host, port=port)
-        if on_listening is not None:
-            on_listening(port)
-        if shutdown_trigger is None:
-            with _reload_on_sighup(reloader):
-                await _termination_signal()
-        else:
-            await shutdown_trigger()
-        log.info("shutting_down")
-    finally:
-        reloader.close()  # a reload under way ends once the supervisor stops
-        await drain(runner, app[REQUESTS], settings.supervisor.drain_timeout_s)
-        await runner.cleanup()
-        await reloader.wait_closed()
+    stop = asyncio.Event()
+    # Handled from the start: a SIGTERM or SIGHUP while the backends spawn (before the listener
+    # is up) would otherwise kill the proxy by default and leave its llama-servers orphaned.
+    with _signals_handled(stop, reloader, enabled=shutdown_trigger is None):
+        await runner.setup()
+        _tune_gc()
+        try:
+            site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=4096)
+            await site.start()
+            port = _bound_port(runner)
+            log.info("listening", host=settings.server.host, port=port)
+            if on_listening is not None:
+                on_listening(port)
+            await (stop.wait() if shutdown_trigger is None else shutdown_trigger())
+            log.info("shutting_down")
+        finally:
+            reloader.close()  # a reload under way ends once the supervisor stops
+            await drain(runner, app[REQUESTS], settings.supervisor.drain_timeout_s)
+            await runner.cleanup()
+            await reloader.wait_closed()
 
 
 def _tune_gc() -> None:
@@ -232,22 +232,17 @@ def _bound_port(runner: web.AppRunner) -> int:
 
 
 @contextlib.contextmanager
-def _reload_on_sighup(reloader: Reloader) -> Iterator[None]:
+def _signals_handled(stop: asyncio.Event, reloader: Reloader, *, enabled: bool) -> Iterator[None]:
+    """SIGTERM and SIGINT set `stop`; SIGHUP asks for a reload (proxy.reload)."""
+    if not enabled:  # a caller's own shutdown trigger (tests, embedding) owns the signals
+        yield
+        return
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGHUP, reloader.request)
+    handlers = {signal.SIGTERM: stop.set, signal.SIGINT: stop.set, signal.SIGHUP: reloader.request}
+    for sig, handler in handlers.items():
+        loop.add_signal_handler(sig, handler)
     try:
         yield
     finally:
-        loop.remove_signal_handler(signal.SIGHUP)
-
-
-async def _termination_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in handlers:
             loop.remove_signal_handler(sig)
