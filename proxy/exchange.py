@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from typing import Any
 
@@ -24,6 +25,7 @@ from proxy.forward import (
     upstream_headers,
     upstream_url,
 )
+from proxy.request_log import request_logger
 from proxy.router import Route
 from proxy.state import ProxyState
 from proxy.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
@@ -44,14 +46,19 @@ class Exchange:
         raw: bytes,
         body: dict[str, Any],
         received: float,
-        log: FilteringBoundLogger,
     ) -> None:
         self.state, self.request, self.api, self.model = state, request, api, model
-        self.raw, self.received, self.log = raw, received, log
+        self.raw, self.received = raw, received
         self.dialect = "anthropic" if api == "messages" else "openai"
         self.features = state.router.features(api, model, body, request.headers)
         self.sink: StreamTelemetry | None = None
         self.route: Route | None = None
+
+    @functools.cached_property
+    def log(self) -> FilteringBoundLogger:
+        """Bound at the first line about the request, in the deferred bookkeeping for most:
+        binding it up front cost the forward path ~35 us on a cold CPU."""
+        return request_logger(self.request, self.api)
 
     async def run(self) -> web.StreamResponse:
         try:

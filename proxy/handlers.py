@@ -6,6 +6,7 @@ ask the router for a backend, forward, relay, record. Errors answer in the calle
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -13,11 +14,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from structlog.typing import FilteringBoundLogger
 
 from proxy.errors import Dialect, error_response
 from proxy.exchange import Exchange
 from proxy.features import Api
+from proxy.request_log import request_logger
 from proxy.state import STATE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -28,7 +29,6 @@ API_PATHS: dict[str, Api] = {
     "/v1/responses": "responses",
     "/v1/messages": "messages",
 }
-_REQUEST_ID_CHARS = frozenset("0123456789abcdefABCDEF-")
 _TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
@@ -47,13 +47,15 @@ def generation_handler(api: Api) -> Handler:
 async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
     state = request.app[STATE]
     received = time.perf_counter()
-    log = request_logger(request, api)
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         limit = state.settings.server.max_body_bytes
         return refuse(request, api, 413, f"request body exceeds {limit} bytes", received)
-    log.debug("request_received", path=request.path, body_bytes=len(raw))
+    if state.request_log.is_enabled_for(logging.DEBUG):
+        request_logger(request, api).debug(
+            "request_received", path=request.path, body_bytes=len(raw)
+        )
     body, problem = _parse_object(raw)
     if body is None:
         return refuse(request, api, 400, problem, received)
@@ -61,13 +63,8 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
     if model is None:
         message = f"model {str(body.get('model'))[:100]!r} does not exist"
         return refuse(request, api, 404, message, received, code="model_not_found")
-    exchange = Exchange(state, request, api, model, raw, body, received, log)
+    exchange = Exchange(state, request, api, model, raw, body, received)
     return await exchange.run()
-
-
-def request_logger(request: web.Request, api: Api) -> FilteringBoundLogger:
-    base = request.app[STATE].request_log
-    return base.bind(request_id=_request_id(request), api=api)
 
 
 def refuse(
@@ -115,19 +112,6 @@ def _token_limit_problem(body: dict[str, Any]) -> str | None:
         if isinstance(value, int | float) and not _INT32_MIN <= value <= _INT32_MAX:
             return f"'{key}' is out of range (at most {_INT32_MAX})"
     return None
-
-
-def _request_id(request: web.Request) -> str:
-    """The client's X-Request-Id when it is a plain hex/uuid string, else a new one (kept on the
-    request, so every line about it carries the same id)."""
-    known = request.get("request_id")
-    if isinstance(known, str):
-        return known
-    given = request.headers.get("X-Request-Id", "")
-    valid = 0 < len(given) <= 64 and set(given) <= _REQUEST_ID_CHARS
-    chosen = given if valid else request.app[STATE].request_ids.new()
-    request["request_id"] = chosen
-    return chosen
 
 
 async def list_models(request: web.Request) -> web.Response:
