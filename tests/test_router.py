@@ -6,7 +6,7 @@ import random
 
 from proxy.features import RequestFeatures
 from proxy.pool import BackendPool
-from proxy.router import Router, SlotCaches
+from proxy.router import Route, Router, SlotCaches
 from proxy.routing_settings import RoutingSettings
 from proxy.telemetry import ParsedUsage
 from supervisor.spec import BackendSpec
@@ -26,6 +26,13 @@ def _features(session: str, tokens: int = 500) -> RequestFeatures:
         has_tools=False,
         pinned_profile=None,
     )
+
+
+def _sessions_routed(router: Router, prefix: str, n: int) -> list[Route]:
+    """Route the first request of n new sessions named prefix0, prefix1, ..."""
+    routes = [router.route("m", _features(f"{prefix}{i}"), exclude=()) for i in range(n)]
+    assert all(r is not None for r in routes)
+    return [r for r in routes if r is not None]
 
 
 def _router(settings: RoutingSettings, slots: int = 2) -> Router:
@@ -125,14 +132,8 @@ def test_seeded_routers_decide_alike() -> None:
     settings = RoutingSettings(seed=7, exploration_rate=0.2)
 
     def picks() -> list[str]:
-        pool = _router(settings).pool
-        router = Router(settings, pool)
-        out = []
-        for i in range(60):
-            r = router.route("m", _features(f"s{i}"), exclude=())
-            assert r is not None
-            out.append(r.profile)
-        return out
+        routes = _sessions_routed(Router(settings, _router(settings).pool), "s", 60)
+        return [r.profile for r in routes]
 
     assert picks() == picks()
 
@@ -144,14 +145,8 @@ def test_seeded_draws_of_a_request_do_not_depend_on_earlier_decisions() -> None:
 
     def pick(warmup: int) -> list[str]:
         router = Router(settings, _router(settings).pool)
-        for i in range(warmup):
-            router.route("m", _features(f"warm{i}"), exclude=())
-        out = []
-        for i in range(40):
-            r = router.route("m", _features(f"s{i}"), exclude=())
-            assert r is not None
-            out.append(r.reason)
-        return out
+        _sessions_routed(router, "warm", warmup)
+        return [r.reason for r in _sessions_routed(router, "s", 40)]
 
     first = pick(0)
     assert first == pick(3) == pick(11)
