@@ -18,11 +18,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from proxy.features import Api, extract_features
-from proxy.policy import Candidate, decide
-from proxy.routing_settings import RoutingSettings
-from proxy.stats import LearnedStats, RequestClass, bucket_labels
-from proxy.telemetry import Observation
+from proxy.routing.classes import RequestClass, bucket_labels
+from proxy.routing.features import Api, extract_features
+from proxy.routing.policy import Candidate, decide
+from proxy.routing.settings import RoutingSettings
+from proxy.routing.stats import LearnedStats
+from proxy.routing.telemetry import Observation
 
 _CODE_TEMPLATE = '''def {name}(items: list[int], limit: int = {n}) -> dict[str, int]:
     """Count how many {noun} stay under the limit."""

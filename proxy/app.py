@@ -28,11 +28,11 @@ from proxy.metrics import ProxyMetrics
 from proxy.middlewares import auth_middleware, error_middleware
 from proxy.pool import BackendPool
 from proxy.reload import Reloader
-from proxy.router import Router
-from proxy.routing_settings import RoutingSettings
+from proxy.routing.router import Router
+from proxy.routing.settings import RoutingSettings
+from proxy.routing.stats import LearnedStats, write_atomic
 from proxy.settings import Settings, backend_slots, backend_specs
 from proxy.state import STATE, ModelCatalog, ProxyState
-from proxy.stats import LearnedStats, write_atomic
 from supervisor.backend import Backend
 from supervisor.pool import Supervisor
 from supervisor.states import BackendState

@@ -14,7 +14,6 @@ from structlog.typing import FilteringBoundLogger
 
 from proxy.admission import QueueRefused
 from proxy.errors import error_response
-from proxy.features import Api
 from proxy.forward import (
     Relayed,
     UpstreamUnavailable,
@@ -26,9 +25,10 @@ from proxy.forward import (
     upstream_url,
 )
 from proxy.request_log import request_logger
-from proxy.router import Route
+from proxy.routing.features import Api
+from proxy.routing.router import Route
+from proxy.routing.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
 from proxy.state import ProxyState
-from proxy.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
 
 _RETRY_AFTER_S = 2.0
 _CLIENT_CLOSED = 499  # nginx's status for a request whose client left before the answer ended

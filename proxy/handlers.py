@@ -17,8 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.errors import Dialect, error_response
 from proxy.exchange import Exchange
-from proxy.features import Api
 from proxy.request_log import request_logger
+from proxy.routing.features import Api
 from proxy.state import STATE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

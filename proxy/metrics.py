@@ -11,8 +11,8 @@ from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from proxy.policy import Reason
-from proxy.telemetry import Observation
+from proxy.routing.policy import Reason
+from proxy.routing.telemetry import Observation
 
 # Label value of a request that never reached the routing step (refused before it, or unknown).
 UNROUTED = "none"

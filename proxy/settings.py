@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from proxy.routing_settings import RoutingSettings
+from proxy.routing.settings import RoutingSettings
 from supervisor.commandline import llama_server_argv, resolve_llama_server
 from supervisor.settings import SupervisorSettings
 from supervisor.spec import BackendSpec, DraftSpec

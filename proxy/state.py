@@ -19,9 +19,9 @@ from proxy.bookkeeping import Bookkeeping
 from proxy.forward import Timeouts
 from proxy.metrics import ProxyMetrics
 from proxy.pool import BackendPool
-from proxy.router import Router
+from proxy.routing.router import Router
+from proxy.routing.spec_counters import SpecCounterTracker
 from proxy.settings import ModelSettings, Settings
-from proxy.spec_counters import SpecCounterTracker
 from supervisor.pool import Supervisor
 
 

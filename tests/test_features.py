@@ -10,14 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.decide_micro import AGENT_SYSTEM, agent_request, code_text, prose_text, short_chat
-from proxy.features import (
+from proxy.routing.features import (
     IMAGE_TOKENS,
     Api,
     FeatureError,
     RequestFeatures,
     extract_features,
 )
-from proxy.stats import TokenCalibrator
+from proxy.routing.stats import TokenCalibrator
 
 
 def feats(

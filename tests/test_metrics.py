@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
-from proxy.policy import Reason
+from proxy.routing.policy import Reason
 from proxy.settings import load_settings
 from supervisor.states import BackendState
 from tests.harness import ADMIN_KEY, ProxyProcess, proxy_config, running_proxy

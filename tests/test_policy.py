@@ -8,11 +8,12 @@ from collections import Counter
 
 import pytest
 
-from proxy.features import ContentKind, RequestFeatures
-from proxy.policy import Candidate, Decision, decide
-from proxy.routing_settings import RoutingSettings
-from proxy.stats import LearnedStats, RequestClass, classify_tokens
-from proxy.telemetry import Observation
+from proxy.routing.classes import RequestClass, classify_tokens
+from proxy.routing.features import ContentKind, RequestFeatures
+from proxy.routing.policy import Candidate, Decision, decide
+from proxy.routing.settings import RoutingSettings
+from proxy.routing.stats import LearnedStats
+from proxy.routing.telemetry import Observation
 
 S = RoutingSettings()
 NO_EXPLORE = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import random
 
-from proxy.features import RequestFeatures
 from proxy.pool import BackendPool
-from proxy.router import Route, Router, SlotCaches
-from proxy.routing_settings import RoutingSettings
-from proxy.telemetry import ParsedUsage
+from proxy.routing.features import RequestFeatures
+from proxy.routing.router import Route, Router, SlotCaches
+from proxy.routing.settings import RoutingSettings
+from proxy.routing.telemetry import ParsedUsage
 from supervisor.spec import BackendSpec
 from supervisor.states import BackendState
 

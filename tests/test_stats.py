@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from proxy.features import extract_features
-from proxy.routing_settings import RoutingSettings
-from proxy.stats import LearnedStats, RequestClass, bucket_labels, classify, classify_tokens
-from proxy.telemetry import Observation
+from proxy.routing.classes import RequestClass, bucket_labels, classify, classify_tokens
+from proxy.routing.features import extract_features
+from proxy.routing.settings import RoutingSettings
+from proxy.routing.stats import LearnedStats
+from proxy.routing.telemetry import Observation
 
 CLS = RequestClass("<4k", "code")
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from proxy.features import Api
-from proxy.stats import RequestClass
-from proxy.telemetry import (
+from proxy.routing.classes import RequestClass
+from proxy.routing.features import Api
+from proxy.routing.telemetry import (
     ParsedUsage,
     SpecCounters,
     StreamTelemetry,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import aiohttp
 
 from proxy.pool import BackendSlot
-from proxy.telemetry import SpecCounters, parse_spec_counters
+from proxy.routing.telemetry import SpecCounters, parse_spec_counters
 
 _TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.features import Api
-
-if TYPE_CHECKING:
-    from proxy.stats import RequestClass
+from proxy.routing.classes import RequestClass
+from proxy.routing.features import Api
 
 Source = Literal["timings", "usage+clock"]
 

@@ -12,10 +12,7 @@ tolerantly (missing or corrupt file: start empty and say so in ``load_report``).
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import functools
-import itertools
 import json
 import math
 import os
@@ -26,49 +23,14 @@ from typing import Any
 
 import structlog
 
-from proxy.features import IMAGE_TOKENS, ContentKind, RequestFeatures
-from proxy.routing_settings import RoutingSettings, decay_factor
-from proxy.telemetry import Observation
+from proxy.routing.classes import RequestClass, bucket_labels
+from proxy.routing.features import IMAGE_TOKENS, RequestFeatures
+from proxy.routing.settings import RoutingSettings, decay_factor
+from proxy.routing.telemetry import Observation
 
 _STATE_VERSION = 1
 _MIN_DECODE_TOKENS = 4  # shorter outputs give no meaningful decode rate
 _MIN_PREFILL_TOKENS = 32  # below this the fixed per-request overhead dominates
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class RequestClass:
-    bucket: str
-    kind: ContentKind
-
-    @property
-    def label(self) -> str:
-        return f"{self.bucket}/{self.kind}"
-
-
-def _fmt_tokens(n: int) -> str:
-    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
-
-
-def bucket_labels(bounds: list[int]) -> list[str]:
-    """[4096, 16384] -> ['<4k', '4k-16k', '16k+']."""
-    return list(_labels(tuple(bounds)))
-
-
-@functools.lru_cache(maxsize=16)
-def _labels(bounds: tuple[int, ...]) -> tuple[str, ...]:
-    labels = [f"<{_fmt_tokens(bounds[0])}"]
-    labels += [f"{_fmt_tokens(a)}-{_fmt_tokens(b)}" for a, b in itertools.pairwise(bounds)]
-    labels.append(f"{_fmt_tokens(bounds[-1])}+")
-    return tuple(labels)
-
-
-def classify_tokens(tokens: int, kind: ContentKind, settings: RoutingSettings) -> RequestClass:
-    bounds = settings.context_buckets
-    return RequestClass(_labels(tuple(bounds))[bisect.bisect_right(bounds, tokens)], kind)
-
-
-def classify(features: RequestFeatures, settings: RoutingSettings) -> RequestClass:
-    return classify_tokens(features.est_prompt_tokens, features.kind, settings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,7 +333,7 @@ class LearnedStats:
     def load(cls, path: Path, settings: RoutingSettings) -> LearnedStats:
         """Load a state file; anything missing or corrupt starts empty (see load_report)."""
         stats = cls(settings)
-        log = structlog.get_logger("proxy.stats").bind(path=str(path))
+        log = structlog.get_logger("proxy.routing.stats").bind(path=str(path))
         try:
             state = json.loads(path.read_bytes())
         except FileNotFoundError:

@@ -14,13 +14,14 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.features import Api, RequestFeatures, extract_features
 from proxy.forward import Relayed
-from proxy.policy import Candidate, decide
 from proxy.pool import BackendPool, BackendSlot
-from proxy.routing_settings import RoutingSettings
-from proxy.stats import LearnedStats, RequestClass, classify
-from proxy.telemetry import (
+from proxy.routing.classes import RequestClass, classify
+from proxy.routing.features import Api, RequestFeatures, extract_features
+from proxy.routing.policy import Candidate, decide
+from proxy.routing.settings import RoutingSettings
+from proxy.routing.stats import LearnedStats
+from proxy.routing.telemetry import (
     Observation,
     ParsedUsage,
     SpecCounters,

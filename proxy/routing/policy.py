@@ -26,9 +26,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from proxy.features import ContentKind, RequestFeatures
-from proxy.routing_settings import Role, RoutingSettings
-from proxy.stats import Estimate, RequestClass, bucket_labels, classify_tokens
+from proxy.routing.classes import RequestClass, bucket_labels, classify_tokens
+from proxy.routing.features import ContentKind, RequestFeatures
+from proxy.routing.settings import Role, RoutingSettings
+from proxy.routing.stats import Estimate
 
 Reason = Literal["pinned", "affinity", "learned", "explore", "rule", "spill", "fallback"]
 

@@ -1,0 +1,10 @@
+"""The routing brain: which draft depth (profile) and backend serve a request, and what was learned.
+
+- ``features``: one pass over a request body -> RequestFeatures (size, content kind, session).
+- ``classes``: a request class (context bucket x content kind), shared by everything below.
+- ``telemetry``: timings and usage read from responses -> Observation.
+- ``stats``: decayed statistics per (model, class, profile), persisted.
+- ``policy``: pure decision: features + backend snapshot + statistics -> Decision.
+- ``router``: the state around the policy (sessions, slot caches, mix) and the glue to the app.
+- ``settings``: the ``[routing]`` section of the configuration.
+"""

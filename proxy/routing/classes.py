@@ -1,0 +1,50 @@
+"""A request class: context-length bucket x content kind, the unit routing learns per.
+
+Statistics, telemetry and the policy all speak of classes, so the class is its own module.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+from dataclasses import dataclass
+
+from proxy.routing.features import ContentKind, RequestFeatures
+from proxy.routing.settings import RoutingSettings
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class RequestClass:
+    bucket: str
+    kind: ContentKind
+
+    @property
+    def label(self) -> str:
+        return f"{self.bucket}/{self.kind}"
+
+
+def _fmt_tokens(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def bucket_labels(bounds: list[int]) -> list[str]:
+    """[4096, 16384] -> ['<4k', '4k-16k', '16k+']."""
+    return list(_labels(tuple(bounds)))
+
+
+@functools.lru_cache(maxsize=16)
+def _labels(bounds: tuple[int, ...]) -> tuple[str, ...]:
+    labels = [f"<{_fmt_tokens(bounds[0])}"]
+    labels += [f"{_fmt_tokens(a)}-{_fmt_tokens(b)}" for a, b in itertools.pairwise(bounds)]
+    labels.append(f"{_fmt_tokens(bounds[-1])}+")
+    return tuple(labels)
+
+
+def classify_tokens(tokens: int, kind: ContentKind, settings: RoutingSettings) -> RequestClass:
+    bounds = settings.context_buckets
+    return RequestClass(_labels(tuple(bounds))[bisect.bisect_right(bounds, tokens)], kind)
+
+
+def classify(features: RequestFeatures, settings: RoutingSettings) -> RequestClass:
+    return classify_tokens(features.est_prompt_tokens, features.kind, settings)
