@@ -7,6 +7,8 @@ a short chat that nothing is known about goes to `max` by the cold rule (reason 
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,6 +86,7 @@ async def test_a_session_whose_backend_is_full_spills_to_another_profile(
     quiet_proxy: ProxyProcess,
 ) -> None:
     agent = {"X-MTP-Session": "agent-run-3"}
+    await idle(quiet_proxy)
     async with aiohttp.ClientSession() as session:
         # The agent's long turn takes max's only slot (and keeps its cache there).
         long = await session.post(
@@ -102,6 +105,32 @@ async def test_a_session_whose_backend_is_full_spills_to_another_profile(
             assert (reason, profile != "max") == ("spill", True), (reason, profile)
         finally:
             long.close()
+
+
+async def test_a_full_backend_is_no_candidate_for_a_new_session(quiet_proxy: ProxyProcess) -> None:
+    await idle(quiet_proxy)
+    async with aiohttp.ClientSession() as session:
+        long = await session.post(
+            quiet_proxy.url + "/v1/chat/completions",
+            json=chat("Tell me a long story", max_tokens=400, stream=True),
+            headers={"X-MTP-Profile": "max"},
+        )
+        try:
+            await long.content.readany()
+            assert in_flight(quiet_proxy)["mtp-demo/max"] == 1
+            # The cold rule's max is full: the next in its fallback order serves, not a queue.
+            reason, profile, _ = await post(session, quiet_proxy, chat("What is a quay?"))
+            assert (reason, profile) == ("fallback", "min")
+        finally:
+            long.close()
+
+
+async def idle(proxy: ProxyProcess, timeout: float = 5.0) -> None:
+    """Until no request is in flight (an earlier test's cut stream is let go first)."""
+    deadline = time.monotonic() + timeout
+    while any(in_flight(proxy).values()):
+        assert time.monotonic() < deadline, in_flight(proxy)
+        await asyncio.sleep(0.02)
 
 
 def in_flight(proxy: ProxyProcess) -> dict[str, int]:
