@@ -98,3 +98,22 @@ async def test_a_woken_waiter_that_leaves_passes_capacity_on() -> None:
     first.cancel()  # the client of the first waiter went away before it ran
     await asyncio.wait_for(second, 1.0)
     assert order == [2]
+
+
+async def test_a_newcomer_does_not_take_capacity_promised_to_a_woken_waiter() -> None:
+    admission = Admission(max_queue=4, timeout_s=5.0)
+    slots = Slots(0)
+    order: list[int] = []
+    waiter = asyncio.create_task(enter(admission, slots, order, 1))
+    await until(lambda: admission.queued("m") == 1)
+    # The newcomer's first step is scheduled before the waiter is woken, so it runs first:
+    # it arrives while the freed slot is promised to the waiter but not yet taken.
+    newcomer = asyncio.create_task(enter(admission, slots, order, 2))
+    slots.free = 1
+    admission.notify("m", 1)
+    await until(lambda: len(order) == 1)
+    assert order == [1]  # the waiter got its slot; the newcomer queued behind it
+    slots.free += 1
+    admission.notify("m", slots.free)
+    await asyncio.wait_for(asyncio.gather(waiter, newcomer), 1.0)
+    assert order == [1, 2]
