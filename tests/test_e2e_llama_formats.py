@@ -6,7 +6,7 @@ the figures llama-server itself reported (its `timings`, or its own /metrics cou
 API carries none) and checks that the proxy's log line for that request says the same: the
 proxy parsed the real bytes, not only the fixtures and the simulator.
 
-What carries timings on this build (/work notes, checked here): `/v1/completions` in the body or
+What carries timings on this build (checked here): `/v1/completions` in the body or
 on the final chunk; `/v1/responses` on its `response.completed` event when streaming, nowhere
 when not (the proxy then takes the drafts from the backend's /metrics counters).
 """
