@@ -75,6 +75,9 @@ SERVED = {"off", "min", "max"}
 class Prometheus:
     process: subprocess.Popen[bytes]
     url: str
+    at: float | None = None
+    """Evaluation time of the dashboard queries (unix s): right after the traffic, as a
+    dashboard viewed then would show it, however long the test takes to ask."""
 
     def api(self, path: str, **params: str) -> Any:
         query = urllib.parse.urlencode(params)
@@ -87,7 +90,8 @@ class Prometheus:
         return answer["data"]
 
     def query(self, expr: str) -> list[dict[str, Any]]:
-        data = self.api("/api/v1/query", query=expr)
+        at = {} if self.at is None else {"time": f"{self.at:.3f}"}
+        data = self.api("/api/v1/query", query=expr, **at)
         assert data["resultType"] == "vector", (expr, data["resultType"])
         result: list[dict[str, Any]] = data["result"]
         return result
@@ -239,6 +243,7 @@ def settle(prometheus: Prometheus, proxy: ProxyProcess) -> None:
 
     wait_until(f"Prometheus scraped {total} requests", scraped_total)
     seen_at = datetime.now(UTC)
+    prometheus.at = seen_at.timestamp()
 
     def evaluated_since() -> bool:
         groups = prometheus.api("/api/v1/rules")["groups"]
@@ -247,13 +252,23 @@ def settle(prometheus: Prometheus, proxy: ProxyProcess) -> None:
     wait_until("every rule group evaluated on them", evaluated_since)
 
 
+def kill_and_wait_restarted(proxy: ProxyProcess, name: str) -> None:
+    killed = backends(proxy)[name]["pid"]
+    os.kill(killed, signal.SIGKILL)
+
+    def restarted() -> bool:  # a new process: the old one's "ready" may not have changed yet
+        row = backends(proxy)[name]
+        return row["state"] == "ready" and row["pid"] not in (None, killed)
+
+    wait_until(f"{name} restarted", restarted)
+
+
 def drive(proxy: ProxyProcess) -> None:
     statuses: dict[str, set[int]] = {}
     for i in range(ROUNDS):
         started = time.monotonic()
         if i == 1:  # a backend dies once: a restart to count, a state change to show
-            os.kill(backends(proxy)["mtp-demo/min"]["pid"], signal.SIGKILL)
-            wait_until("min restarted", lambda: backends(proxy)["mtp-demo/min"]["state"] == "ready")
+            kill_and_wait_restarted(proxy, "mtp-demo/min")
         for what, status in one_round(proxy):
             statuses.setdefault(what, set()).add(status)
         time.sleep(max(0.0, SCRAPE_S - (time.monotonic() - started)))
@@ -324,9 +339,9 @@ def test_mtp_panels_show_the_profiles_that_served(
 ) -> None:
     prometheus, _ = scraped
     (acceptance,) = panel_exprs("Draft acceptance by profile")
-    assert labels_of(prometheus, acceptance, "profile") == DRAFTING
+    assert labels_of(prometheus, acceptance, "profile") == DRAFTING, prometheus.query(acceptance)
     (by_class,) = panel_exprs("Draft acceptance by profile and request class")
-    assert labels_of(prometheus, by_class, "profile") == DRAFTING
+    assert labels_of(prometheus, by_class, "profile") == DRAFTING, prometheus.query(by_class)
     for expr in panel_exprs("Decode speed by profile"):
         assert labels_of(prometheus, expr, "profile") >= SERVED
     (mix,) = panel_exprs("Routing mix by reason and profile")
@@ -336,7 +351,10 @@ def test_mtp_panels_show_the_profiles_that_served(
     for expr in panel_exprs("Learned routing table"):
         profiles = labels_of(prometheus, expr, "profile")
         # No acceptance series for a profile that never drafts (off): not NaN, absent.
-        assert profiles == DRAFTING if "acceptance" in expr else profiles >= SERVED, expr
+        assert profiles == DRAFTING if "acceptance" in expr else profiles >= SERVED, (
+            expr,
+            prometheus.query(expr),
+        )
     # Acceptance is a ratio, and the identity of the profiles is what the proxy served.
     for sample in prometheus.query(acceptance):
         assert 0.0 < float(sample["value"][1]) <= 1.0, sample
