@@ -9,13 +9,17 @@ splice; a later duplicate key would win in llama-server's parser anyway).
 
 from __future__ import annotations
 
+import re
+
 DEPTH_KEY = "speculative.n_max"
 _PREFIX = b'{"' + DEPTH_KEY.encode() + b'":'
+_EMPTY_REST = re.compile(rb"[ \t\r\n]*}")
 
 
 def with_depth(raw: bytes, depth: int) -> bytes:
     """``raw`` (a JSON object, already validated) with the depth as its first member."""
     start = raw.index(b"{")  # only whitespace may precede it in a valid JSON object
-    rest = raw[start + 1 :]
-    separator = b"" if rest.lstrip().startswith(b"}") else b","
+    separator = b"" if _EMPTY_REST.match(raw, start + 1) else b","
+    # One allocation, the size of the body: slices of a large body would each copy it again.
+    rest = memoryview(raw)[start + 1 :]
     return b"".join((raw[:start], _PREFIX, str(int(depth)).encode(), separator, rest))
