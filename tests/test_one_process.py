@@ -157,6 +157,22 @@ async def test_the_deepest_profile_drafts_deeper_than_the_next(one_process: Prox
         assert accepted_third["min"] == 0 < accepted_third["max"], accepted_third
 
 
+async def test_a_client_that_sets_the_depth_keeps_it(one_process: ProxyProcess) -> None:
+    port = backend_row(one_process)["port"]
+    async with aiohttp.ClientSession() as session:
+        before = await draft_counters(session, port)
+        request = {**body("chat", f"{SHORT} own depth", 64), "speculative.n_max": 1}
+        headers = {"X-MTP-Profile": "max"}
+        async with session.post(
+            one_process.url + PATHS["chat"], json=request, headers=headers
+        ) as response:
+            assert response.status == 200
+        after = await draft_counters(session, port)
+    tokens = delta(after, before, "spec_decode_num_draft_tokens_total")
+    steps = delta(after, before, "spec_decode_num_drafts_total")
+    assert 0 < tokens == steps  # depth 1: one draft token per step, not max's 3
+
+
 async def test_unpinned_requests_get_the_depth_of_their_class(one_process: ProxyProcess) -> None:
     long_code = "def handler(request):\n    return compute(request.body)\n" * 2500  # ~40k tok
     async with aiohttp.ClientSession() as session:
