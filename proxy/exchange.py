@@ -261,7 +261,13 @@ class Exchange:
         spec_delta: SpecCounters | None = None,
     ) -> Observation:
         observation = self.state.router.observe(
-            route, self.features, usage, sent_at=sent_at, done_at=done_at, spec_delta=spec_delta
+            route,
+            self.features,
+            usage,
+            sent_at=sent_at,
+            done_at=done_at,
+            spec_delta=spec_delta,
+            learn=route.depth is None or not self.own_depth,
         )
         self.state.metrics.record_observation(self.model, route.profile, observation)
         return observation

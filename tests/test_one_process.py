@@ -158,10 +158,15 @@ async def test_the_deepest_profile_drafts_deeper_than_the_next(one_process: Prox
 
 
 async def test_a_client_that_sets_the_depth_keeps_it(one_process: ProxyProcess) -> None:
+    """It runs at its own depth, and is not learned as the profile it was routed to. (The
+    simulator, like llama-server's parser, takes the last of duplicate keys: the depth would be
+    the client's even if the proxy added its own first.)"""
     port = backend_row(one_process)["port"]
+    prose = " ".join([SHORT] * 400)  # ~6k tokens: a class no other request here falls in
     async with aiohttp.ClientSession() as session:
+        await send(session, one_process, "chat", f"{SHORT} learned", pin="max")  # is learned
         before = await draft_counters(session, port)
-        request = {**body("chat", f"{SHORT} own depth", 64), "speculative.n_max": 1}
+        request = {**body("chat", prose, 64), "speculative.n_max": 1}
         headers = {"X-MTP-Profile": "max"}
         async with session.post(
             one_process.url + PATHS["chat"], json=request, headers=headers
@@ -171,6 +176,10 @@ async def test_a_client_that_sets_the_depth_keeps_it(one_process: ProxyProcess) 
     tokens = delta(after, before, "spec_decode_num_draft_tokens_total")
     steps = delta(after, before, "spec_decode_num_drafts_total")
     assert 0 < tokens == steps  # depth 1: one draft token per step, not max's 3
+    status, routing = one_process.get_json("/admin/routing", admin_key=ADMIN_KEY)
+    assert status == 200
+    classes = {row["request_class"] for row in routing["learned"]}
+    assert classes and not any(c.startswith("4k-16k/") for c in classes), classes
 
 
 async def test_unpinned_requests_get_the_depth_of_their_class(one_process: ProxyProcess) -> None:
