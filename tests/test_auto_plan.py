@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import stat
 import sys
 from collections.abc import Iterator
@@ -161,3 +162,18 @@ async def test_auto_runs_one_process_at_the_fallback_profile_when_the_pool_does_
         response = await pinned(proxy, "max")  # only min runs: the pin cannot be honoured
         assert response.status == 200
         assert response.headers["X-MTP-Backend"] == f"{MODEL}/min"
+
+
+async def test_a_reload_keeps_the_shape_auto_settled_on(tmp_path: Path) -> None:
+    model = simulator_model(draft_control="auto", extra_args=["--ignore-request-draft"])
+    with running_proxy(proxy_config([model]), tmp_path) as proxy:
+        wait_all_ready(proxy, {MODEL: 3})
+        pids = {name: row["pid"] for name, row in backends(proxy).items()}
+        proxy.process.send_signal(signal.SIGHUP)  # the same file: nothing changed
+        deadline = asyncio.get_running_loop().time() + 30
+        while not [line for line in proxy.log_lines() if line.get("event") == "reloaded"]:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.05)
+        assert {name: row["pid"] for name, row in backends(proxy).items()} == pids
+        fallbacks = [e for e in plan_events(proxy) if e["event"] == "plan_fallback"]
+        assert len(fallbacks) == 1  # not probed (and fallen back) again
