@@ -70,9 +70,12 @@ def on_ready(state: ProxyState, backend: Backend) -> None:
     state.replanning.add(model.name)
     del state.router.per_request[model.name]  # until replaced: served as it runs
     state.plans[model.name] = replace(plan, decided=True)
+    # Not a background task the shutdown cancels: cancelled inside Supervisor.reload it would
+    # leave a backend half stopped. Supervisor.stop waits for the reload instead (its lock),
+    # and the app awaits this task after stopping the supervisor.
     task = asyncio.get_running_loop().create_task(_fall_back(state, model, plan, probe))
-    state.background.add(task)
-    task.add_done_callback(state.background.discard)
+    state.replans.add(task)
+    task.add_done_callback(state.replans.discard)
 
 
 def on_replaced(state: ProxyState, backend: Backend) -> None:

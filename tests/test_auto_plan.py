@@ -177,3 +177,34 @@ async def test_a_reload_keeps_the_shape_auto_settled_on(tmp_path: Path) -> None:
         assert {name: row["pid"] for name, row in backends(proxy).items()} == pids
         fallbacks = [e for e in plan_events(proxy) if e["event"] == "plan_fallback"]
         assert len(fallbacks) == 1  # not probed (and fallen back) again
+
+
+def processes_with(marker: str) -> list[str]:
+    """Command lines of live processes that carry `marker` among their arguments."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in args:
+            found.append(b" ".join(args).decode(errors="replace"))
+    return found
+
+
+async def test_a_shutdown_while_auto_falls_back_stops_cleanly(tmp_path: Path) -> None:
+    marker = f"{os.getpid()}{id(tmp_path)}"[-9:]  # a seed no other process runs with
+    args = ["--ignore-request-draft", "--load-time", "1.5", "--seed", marker]
+    model = simulator_model(draft_control="auto", extra_args=args)
+    proxy = spawn_proxy(proxy_config([model]), tmp_path)
+    try:
+        wait_listening(proxy)
+        deadline = asyncio.get_running_loop().time() + 30
+        while not [e for e in plan_events(proxy) if e["event"] == "plan_fallback"]:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # the one process is being stopped by the fallback's reload
+    finally:
+        code = proxy.stop()
+    assert code == 0, proxy.tail()
+    assert processes_with(marker) == []
