@@ -22,11 +22,15 @@ from simulator.metrics import Metrics
 from simulator.model import DraftSettings, Kind
 from simulator.presets import Preset
 from simulator.prompts import Prompt
-from simulator.slots import SlotPool, common_prefix
+from simulator.slots import Slot, SlotPool, common_prefix
 from simulator.textgen import OutputText, Passage
 from simulator.tokens import Tokenizer, content_kind
 
 _LATENT_KEY_CHARS = 2048  # the "first part" of a prompt that identifies its session
+# Acceptance drifts with context by well under 0.1 % per 32 tokens (ctx_half is 50k-250k), so a
+# request's drafting law is recomputed that often rather than at every step: steps are the
+# simulator's hot loop (thousands of streams in the load benchmarks).
+_LAW_REFRESH_TOKENS = 32
 
 
 class ContextTooLong(ValueError):
@@ -107,6 +111,10 @@ def _digest(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
+def _depth(draft: DraftSettings) -> int:
+    return draft.n_max if draft.enabled else 0
+
+
 class Engine:
     def __init__(self, config: SimConfig, preset: Preset) -> None:
         self.config = config
@@ -173,16 +181,16 @@ class Engine:
             t.prompt_ms = model.prefill_ms(preset, process, t.prompt_n, t.cache_n)
             pacer = _Pacer(self.config.time_scale)
             await pacer.advance(t.prompt_ms)
-            slot.decoding = True
-            pool.n_decoding += 1
             context = len(job.tokens)
+            pool.start_decoding(slot, _depth(draft), 0.0)
+            law, law_context = None, 0
             while job.produced < job.limit:
+                if law is None or context - law_context >= _LAW_REFRESH_TOKENS:
+                    law, law_context = self._law(job, context), context
+                    self._publish_overhead(slot, law, job.draft, context)
                 concurrent = pool.n_decoding
-                law = model.drafter(
-                    preset, model.acceptance(preset, context, job.kind, job.latent), draft
-                )
                 drafted, accepted = model.sample_step(job.rng, law, draft)
-                step = model.step_ms(preset, draft, context, drafted, concurrent, process)
+                step = self._step_ms(slot, draft, context, drafted)
                 t.predicted_ms += step
                 steps += 1
                 busy += concurrent
@@ -201,7 +209,6 @@ class Engine:
             job.finish_reason = "stop" if job.natural else "length"
         finally:
             if slot.decoding:
-                pool.n_decoding -= 1
                 generated = job.passage.token_ids(job.start, job.produced)
                 pool.release(slot, job.tokens + generated)
             else:  # cancelled before the prompt was in: keep the reused prefix only
@@ -219,6 +226,36 @@ class Engine:
                 drafts=drafts,
                 per_pos=per_pos,
             )
+
+    def _law(self, job: Job, context: int) -> model.Drafter:
+        acceptance = model.acceptance(self.preset, context, job.kind, job.latent)
+        return model.drafter(self.preset, acceptance, job.draft)
+
+    def _publish_overhead(
+        self, slot: Slot, law: model.Drafter, draft: DraftSettings, context: int
+    ) -> None:
+        """Tell the pool what this request adds to the shared step (in an MTP process)."""
+        if self.draft.enabled:
+            drafting = model.expected_step(law, draft).drafted
+            overhead = model.speculative_overhead(self.preset, draft, self.draft, context, drafting)
+            self.pool.set_overhead(slot, overhead)
+
+    def _step_ms(self, slot: Slot, draft: DraftSettings, context: int, drafted: int) -> float:
+        """One step of this slot, shared with every slot decoding now (MODEL.md)."""
+        pool, process = self.pool, self.draft
+        neighbours = None  # no speculation in the process: nothing to share or mix
+        if process.enabled:
+            others = max(0.0, pool.overhead_sum - slot.overhead)
+            neighbours = model.Neighbours(pool.n_decoding - 1, others, pool.n_depths - 1)
+        return model.step_ms(
+            self.preset, draft, context, drafted, pool.n_decoding, process, neighbours
+        )
+
+    def _neighbours(self, draft: DraftSettings) -> model.Neighbours:
+        """The requests decoding now, as seen by one more at `draft`'s depth."""
+        pool, depth = self.pool, _depth(draft)
+        depths = pool.n_depths + (0 if pool.has_depth(depth) else 1)
+        return model.Neighbours(pool.n_decoding, pool.overhead_sum, depths - 1)
 
     def predict(
         self,
@@ -238,7 +275,10 @@ class Engine:
         cached = min(self.pool.best_prefix(job.tokens), len(job.tokens) - 1)
         process = self.draft if draft is None else draft
         settings = request_draft(process, depth)
-        n = self.pool.n_decoding + 1 if concurrent is None else max(1, concurrent)
+        if concurrent is None:  # this server's load as it is: who decodes, at which depths
+            n, neighbours = self.pool.n_decoding + 1, self._neighbours(settings)
+        else:  # a hypothetical load: the others draft as this one
+            n, neighbours = max(1, concurrent), None
         pred = model.predict(
             self.preset,
             settings,
@@ -249,6 +289,7 @@ class Engine:
             job.limit,
             n,
             process,
+            neighbours,
         )
         return {
             "prompt_tokens": len(job.tokens),
