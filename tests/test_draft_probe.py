@@ -8,6 +8,7 @@ ignored, with the reason, and never per-request.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -205,3 +206,26 @@ async def test_the_probe_timeout_bounds_the_wait_for_ready() -> None:
     assert seen.at_ready("r") == ["ignored"]
     assert reason == "probe failed: no answer within 0.5s"
     assert 0.5 <= waited < 3.0
+
+
+def simulator_spec(name: str, *args: str) -> BackendSpec:
+    argv = (sys.executable, "-m", "simulator", "-m", "m", "--time-scale", "50", "--metrics", *args)
+    return BackendSpec(name, "m", name, argv)
+
+
+async def test_local_backends_are_probed_before_ready_and_again_after_a_restart() -> None:
+    seen = Seen()
+    specs = [simulator_spec("off"), simulator_spec("max", *MTP)]
+    async with supervisor(specs, seen) as running:
+        assert await running.wait_ready(30)
+        await running.restart("max")
+        assert await running.wait_ready(30)
+        reason = running.backend("max").draft_control_reason
+    assert seen.at_ready("off") == ["none"]
+    # The simulator honours the field by default (per-request); with --ignore-request-draft, or
+    # before it learnt the field, it drafts regardless (ignored). Either way it was asked.
+    first, again = seen.at_ready("max")
+    assert first == again and first in ("per-request", "ignored")
+    assert reason is not None and "drafted" in reason
+    restarted = [(s, c) for n, s, c in seen.changes if n == "max"][2:]
+    assert restarted[:3] == [(S.STOPPING, first), (S.STOPPED, first), (S.STARTING, None)]

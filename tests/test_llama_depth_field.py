@@ -169,3 +169,25 @@ def test_stock_build_ignores_the_field(stock: LlamaServer, endpoint: str) -> Non
     seen = {depth: drafted(stock, endpoint, depth) for depth in (None, 0, 1, 8, -1)}
     print(f"\nstock {endpoint}: draft_n by depth {seen}")
     assert set(seen.values()) == {expected_drafts(TOKENS, START_DEPTH)}, seen
+
+
+@pytest.mark.parametrize("build", ["patched", "stock"])
+def test_the_mtp_head_stops_at_the_sequence_depth(model: Path, tmp_path: Path, build: str) -> None:
+    """The draft-mtp loop stops at the per-sequence depth instead of drafting to the start-up
+    depth and having the draft cut afterwards (logged at debug level as "truncating draft").
+
+    The cut is invisible in draft_n (it counts what is left), so the debug log tells. The stock
+    build cuts near the end of every answer, where the room left caps the depth; the patched
+    build never drafts past the cap, whether it comes from the request or the room left.
+    """
+    binary = patched_llama_server_binary() if build == "patched" else None
+    with running_llama_server(model, *MTP, "-v", log_dir=tmp_path, binary=binary) as server:
+        for depth in (None, 1):
+            path, body = request_body("completions", depth)
+            status, reply = server.post_json(path, body)
+            assert status == 200, reply
+        log = server.log_path.read_text(errors="replace")
+    assert "draft candidate" in log  # the drafter's debug lines are in this log
+    cuts = log.count("truncating draft")
+    print(f"\n{build}: {cuts} drafts cut")
+    assert (cuts == 0) if build == "patched" else (cuts > 0)
