@@ -7,6 +7,7 @@
 - ``policy``: pure decision for a pool: features + backend snapshot + statistics -> Decision.
 - ``depth``: pure decision for one process: replica and per-request draft depth, from what is
   decoding there -> DepthDecision.
-- ``router``: the state around the policy (sessions, slot caches, mix) and the glue to the app.
+- ``router``: the state around the policies (sessions, mix) and the glue to the app.
+- ``slot_caches``: which sessions' prompt caches each backend holds (llama-server's slots).
 - ``settings``: the ``[routing]`` section of the configuration.
 """
