@@ -1,6 +1,7 @@
 """Routing glue: features in, a backend out; telemetry in, learned statistics out.
 
-The decision itself is `policy.decide` (pure). This module owns the state around it: the learned
+The decision itself is `policy.decide` for a pool and `depth.decide_depth` for a model served by
+one process (both pure). This module owns the state around them: the learned
 statistics, session affinity (session key -> backend that holds its prefix cache), the routing
 mix, and turning a finished relay into an observation.
 """
