@@ -50,7 +50,19 @@ def apply_plans(state: ProxyState) -> None:
 def on_ready(state: ProxyState, backend: Backend) -> None:
     """A backend turned READY: settle its model's plan if auto was waiting for this probe."""
     plan = state.plans.get(backend.spec.model)
-    if plan is None or plan.decided or not plan.per_request:
+    if plan is None or not plan.per_request:
+        return
+    if plan.decided:
+        if backend.draft_control != "per-request":  # draft_control per-request, set by hand
+            log.warning(
+                "depth_not_honoured",
+                model=plan.model,
+                backend=backend.name,
+                draft_control=backend.draft_control,
+                probe_reason=backend.draft_control_reason,
+                message="draft_control is per-request but this backend ignores "
+                "speculative.n_max: every request runs at its start-up depth",
+            )
         return
     model = next(m for m in state.settings.models if m.name == plan.model)
     verdict, reason = backend.draft_control, backend.draft_control_reason

@@ -208,3 +208,12 @@ async def test_a_shutdown_while_auto_falls_back_stops_cleanly(tmp_path: Path) ->
         code = proxy.stop()
     assert code == 0, proxy.tail()
     assert processes_with(marker) == []
+
+
+async def test_per_request_on_a_backend_that_ignores_the_depth_says_so(tmp_path: Path) -> None:
+    model = simulator_model(draft_control="per-request", extra_args=["--ignore-request-draft"])
+    with running_proxy(proxy_config([model]), tmp_path) as proxy:
+        wait_all_ready(proxy, {MODEL: 1})
+        warnings = [e for e in proxy.log_lines() if e.get("event") == "depth_not_honoured"]
+        assert warnings and warnings[0]["draft_control"] == "ignored", warnings
+        assert sorted(backends(proxy)) == [f"{MODEL}/one-copy"]  # as configured: no fallback
