@@ -6,14 +6,17 @@ charts are skipped and the caller says so once.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 from typing import Any
 
 
 def available() -> bool:
-    return importlib.util.find_spec("matplotlib") is not None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def chart_name(label: str) -> str:
