@@ -28,7 +28,7 @@ from proxy.tune.outputs import (
 )
 from proxy.tune.progress import Progress, format_duration
 from proxy.tune.recommend import recommend, seed_state
-from proxy.tune.runner import Mode, TuneRun
+from proxy.tune.runner import Mode, TuneRun, plan_groups
 from proxy.tune.store import ResultStore, StoreError
 from proxy.tune.workload import (
     OUTPUT_CAP,
@@ -114,8 +114,10 @@ async def _tune(
         clock_scale=scale,
     )
     pending = sum(len(job.pending(s)) for s in grid)
-    processes = sum(1 for s in grid if job.pending(s))
+    todo = [s for s in grid if job.pending(s)]
+    processes = len(plan_groups(todo, per_request=job.mode == "per-request"))
     estimate = _estimate(job, grid, settings) + processes * _LOAD_GUESS_S
+    starts = f"{'up to ' if job.mode == 'auto' else ''}{processes} process starts"
     job.progress = Progress(pending, estimate)
     print(
         f"tune {model.name}: {len(grid)} settings x {len(workload.items)} requests "
@@ -125,7 +127,7 @@ async def _tune(
     )
     if pending:
         print(
-            f"estimated time: ~{format_duration(estimate)} ({processes} process starts at "
+            f"estimated time: ~{format_duration(estimate)} ({starts} at "
             f"~{_LOAD_GUESS_S:g}s, prefill {settings.routing.prior_prefill_tok_s:g} tok/s and "
             f"decode {settings.routing.prior_decode_tok_s:g} tok/s from [routing] priors"
             + (f", time scale {scale:g}" if scale != 1.0 else "")
