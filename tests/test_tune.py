@@ -220,7 +220,7 @@ def _lines(out: Path) -> dict[str, int]:
     return {p.stem: len(p.read_text().splitlines()) for p in (out / "settings").glob("*.jsonl")}
 
 
-def test_ctrl_c_keeps_results_and_a_rerun_measures_only_the_rest(tmp_path: Path) -> None:
+def test_ctrl_c_twice_keeps_results_and_a_rerun_measures_only_the_rest(tmp_path: Path) -> None:
     # A slower clock: the run takes long enough to be interrupted in its second setting.
     config = write_config(tmp_path, sim_config("setup-b", 8192, time_scale=50.0))
     out = tmp_path / "out"
@@ -240,6 +240,8 @@ def test_ctrl_c_keeps_results_and_a_rerun_measures_only_the_rest(tmp_path: Path)
     children = _children(process.pid)
     assert children, "no backend process while measuring"
     process.send_signal(signal.SIGINT)
+    time.sleep(0.1)
+    process.send_signal(signal.SIGINT)  # an impatient second Ctrl-C changes nothing
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr[-2000:]
     assert "interrupted" in stderr

@@ -42,6 +42,10 @@ def test_per_request_varies_the_depth_inside_one_process(tmp_path: Path) -> None
     assert short["n3"]["spread"]["tok_s"]["lo"] > short["n1"]["spread"]["tok_s"]["hi"]
     assert short["off"]["acceptance"] is None  # depth 0: nothing drafted
     assert 1.5 <= short["n3"]["speedup"] <= 1.9
+    # One process, one prompt after another under each depth: each still paid its prefill
+    # (~6.6k tokens at ~1,000 tok/s), none was answered from the previous one's cache.
+    for name, row in by_class(rows, "4k-16k/code").items():
+        assert row["prefill_s"] > 5.0, (name, row)
 
 
 def test_auto_on_a_backend_that_ignores_the_field_starts_a_process_per_setting(

@@ -134,11 +134,18 @@ async def _tune(
             + "); the bar refines it as it measures. Ctrl-C stops and keeps what was measured.",
             file=sys.stderr,
         )
-    interrupted = await _measure(job, grid)
-    job.progress.close()
-    for failure in job.failures[:10]:
-        print(f"failed: {failure}", file=sys.stderr)
-    written = _write_outputs(args, settings, model, grid, workload, store)
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(job.run(grid))
+    # Installed until the outputs are written: a Ctrl-C then is only noted, not a traceback.
+    loop.add_signal_handler(signal.SIGINT, _interrupt, task)
+    try:
+        interrupted = await _measured(task)
+        job.progress.close()
+        for failure in job.failures[:10]:
+            print(f"failed: {failure}", file=sys.stderr)
+        written = _write_outputs(args, settings, model, grid, workload, store)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
     if interrupted:
         print(
             "interrupted: outputs written from what was measured; rerun to go on", file=sys.stderr
@@ -147,18 +154,23 @@ async def _tune(
     return 0 if written else 1
 
 
-async def _measure(job: TuneRun, grid: list[DraftSetting]) -> bool:
-    """Run the measurements; Ctrl-C (SIGINT) cancels them. True if interrupted."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.create_task(job.run(grid))
-    loop.add_signal_handler(signal.SIGINT, task.cancel)
+async def _measured(task: asyncio.Task[None]) -> bool:
+    """Wait for the measuring task; True if Ctrl-C cancelled it."""
     try:
         await task
     except asyncio.CancelledError:
         return True
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
     return False
+
+
+def _interrupt(task: asyncio.Task[None]) -> None:
+    """The first Ctrl-C cancels the measuring; later ones must not cut the backend's stop short
+    (asyncio's own handler raises KeyboardInterrupt on the second, which can leave a
+    llama-server holding the GPU)."""
+    if task.cancelling() or task.done():
+        print("tune: already stopping; the outputs follow", file=sys.stderr)
+        return
+    task.cancel()
 
 
 def _write_outputs(
