@@ -39,7 +39,10 @@ from tests.tune_helpers import (
     write_config,
 )
 
-SETUP_B_GRID = "off,1,2,2/1,3"  # the settings the published Setup B runs compared
+# The published Setup B runs varied n_max (n_max 3 best on short chat: 1.71x). n_max 2 / n_min 1
+# is within ~3.5 % of n_max 3 there in the model, inside one request's sampling noise: it is
+# measured in the Setup A test, whose table it comes from.
+SETUP_B_GRID = "off,1,2,3"
 SETUP_A_GRID = "off,1,2,2/1,2/2"  # the five rows of the published Setup A table
 SHORT_CHAT = "<4k/prose"  # the greeting's class
 LONG_CODE = "64k+/code"
@@ -51,7 +54,11 @@ def setup_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workdir = tmp_path_factory.mktemp("tune-b")
     config = write_config(workdir, sim_config("setup-b", 100_000))
     out = workdir / "out"
-    done = run_tune(config, out, "--settings", SETUP_B_GRID, "--repeats", "3")
+    # One process per setting, as the published runs were made: every setting answers the same
+    # prompts, a paired comparison (per request, each setting's prompts differ: see modes).
+    done = run_tune(
+        config, out, "--settings", SETUP_B_GRID, "--repeats", "3", "--mode", "per-process"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (workdir / "stdout.txt").write_text(done.stdout)
     (workdir / "stderr.txt").write_text(done.stderr)
@@ -79,8 +86,8 @@ def test_results_rows_carry_profile_fields_class_and_spread(setup_b: Path) -> No
     assert {row["class"] for row in rows} >= {SHORT_CHAT, "<4k/code", LONG_CODE}
     settings = {json.dumps(row["setting"], sort_keys=True) for row in rows}
     assert '"off"' in settings
-    n2m1 = {"spec_type": "draft-mtp", "draft_n_max": 2, "draft_n_min": 1, "draft_p_min": None}
-    assert json.dumps(n2m1, sort_keys=True) in settings
+    n2 = {"spec_type": "draft-mtp", "draft_n_max": 2, "draft_n_min": None, "draft_p_min": None}
+    assert json.dumps(n2, sort_keys=True) in settings
     for row in rows:
         spread = row["spread"]["tok_s"]
         assert spread["lo"] <= row["tok_s"] <= spread["hi"]
@@ -90,7 +97,7 @@ def test_results_rows_carry_profile_fields_class_and_spread(setup_b: Path) -> No
     with (setup_b / "results.csv").open() as f:
         table = list(csv.DictReader(f))
     assert len(table) == len(rows)
-    assert {r["setting"] for r in table} == {"off", "n1", "n2", "n2-m1", "n3"}
+    assert {r["setting"] for r in table} == {"off", "n1", "n2", "n3"}
 
 
 def test_printed_table_and_a_chart_per_class(setup_b: Path) -> None:
@@ -196,8 +203,9 @@ def test_setup_a_n_max_2_n_min_1_best_and_n_max_1_below_off_at_65k_code(tmp_path
     config = write_config(tmp_path, sim_config("setup-a", 90_000))
     out = tmp_path / "out"
     done = run_tune(
-        config, out, "--workload", str(trace), "--settings", SETUP_A_GRID, "--repeats", "3"
-    )
+        config, out, "--workload", str(trace), "--settings", SETUP_A_GRID, "--repeats", "3",
+        "--mode", "per-process",
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     rows = results(out)
     assert {row["class"] for row in rows} == {LONG_CODE}
@@ -224,7 +232,7 @@ def test_ctrl_c_twice_keeps_results_and_a_rerun_measures_only_the_rest(tmp_path:
     # A slower clock: the run takes long enough to be interrupted in its second setting.
     config = write_config(tmp_path, sim_config("setup-b", 8192, time_scale=50.0))
     out = tmp_path / "out"
-    args = ("--settings", "off,2,3", "--repeats", "2")
+    args = ("--settings", "off,2,3", "--repeats", "2", "--mode", "per-process")
     process = subprocess.Popen(
         tune_argv(config, out, *args),
         stdout=subprocess.PIPE,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.tune_helpers import best, by_class, results, run_tune, sim_config, write_config
+from tests.tune_helpers import by_class, results, run_tune, sim_config, write_config
 
 GRID = "off,1,3,2/1"
 SHORT_CHAT = "<4k/prose"
@@ -21,10 +21,12 @@ def _modes(out: Path) -> dict[str, set[str]]:
     return modes
 
 
-def test_per_request_varies_the_depth_inside_one_process(tmp_path: Path) -> None:
+def test_auto_on_a_backend_that_honours_the_field_varies_the_depth_per_request(
+    tmp_path: Path,
+) -> None:
     config = write_config(tmp_path, sim_config("setup-b", 8192))
     out = tmp_path / "out"
-    done = run_tune(config, out, "--settings", GRID, "--repeats", "2", "--mode", "per-request")
+    done = run_tune(config, out, "--settings", GRID, "--repeats", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     # off, n1 and n3 share the process started at n_max 3; n2/n_min 1 needs its own.
     assert "per request: off, n1, n3" in done.stderr
@@ -38,7 +40,6 @@ def test_per_request_varies_the_depth_inside_one_process(tmp_path: Path) -> None
     rows = results(out)
     short = by_class(rows, SHORT_CHAT)
     # The depth reached the backend: n_max 1 and 3 in one process are far apart.
-    assert best(rows, SHORT_CHAT) == "n3"
     assert short["n3"]["spread"]["tok_s"]["lo"] > short["n1"]["spread"]["tok_s"]["hi"]
     assert short["off"]["acceptance"] is None  # depth 0: nothing drafted
     assert 1.5 <= short["n3"]["speedup"] <= 1.9
