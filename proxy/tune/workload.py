@@ -86,9 +86,9 @@ def builtin_workload(n_ctx: int, buckets: list[int], model: str) -> Workload:
         code = routing_text.code_file(rng, int(tokens * _CHARS_PER_TOKEN["code"]))
         ask = "Review this module: explain what it does and fix the bug in it."
         items.append(_chat(f"code-{tokens}", model, f"```python\n{code}```\n\n{ask}", 512))
-        _, doc = routing_text.document(rng, int(tokens * _CHARS_PER_TOKEN["prose"]))
+        report = routing_text.prose(rng, int(tokens * _CHARS_PER_TOKEN["prose"]))
         ask = "Summarize the main points of this report in a few paragraphs."
-        items.append(_chat(f"prose-{tokens}", model, f"{doc}\n\n{ask}", 256))
+        items.append(_chat(f"prose-{tokens}", model, f"Report\n\n{report}\n\n{ask}", 256))
     return Workload("builtin", tuple(items))
 
 
