@@ -1,12 +1,13 @@
 """`mtp-proxy tune` end to end on the real llama-server with the tiny qwen35 MTP model.
 
-The model's MTP block drafts exactly what its trunk says (acceptance ~100%), so on stock
-llama-server (one process per setting) the speculative settings must show drafted and accepted
+On stock llama-server one process per setting, on the patched build (scripts/build-llama-server.sh)
+the depth per request in one process; the speculative settings must show drafted and accepted
 tokens, off none, and the outputs must be usable as they are.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from proxy.routing.settings import RoutingSettings
 from proxy.routing.stats import LearnedStats
 from proxy.settings import Settings
+from tests.llama_fixtures import patched_llama_server_binary
 from tests.llama_pool import FAST_SUPERVISOR, identity_model, llama_model
 from tests.tune_helpers import by_class, profiles, results, run_tune, write_config
 
@@ -52,3 +54,30 @@ def test_tune_runs_end_to_end_one_process_per_setting(tmp_path: Path) -> None:
     Settings(models=[{"name": "m", "backend": "simulator", "profiles": found}])
     stats = LearnedStats.load(out / "routing-state.json", RoutingSettings())
     assert stats.load_report.startswith("loaded"), stats.load_report
+
+
+def test_tune_on_the_patched_build_varies_the_depth_in_one_process(tmp_path: Path) -> None:
+    """The patched llama-server honours "speculative.n_max": the probe says so, and auto mode
+    measures off, n_max 1 and n_max 2 as depths of one process started at n_max 2."""
+    model = llama_model(
+        identity_model(tmp_path / "models"),
+        profiles=[{"name": "off"}],
+        args=["-c", "2048", "-np", "1", "-t", "1"],
+    )
+    model["binary"] = patched_llama_server_binary()
+    config = write_config(tmp_path, {"supervisor": FAST_SUPERVISOR, "models": [model]})
+    out = tmp_path / "out"
+    done = run_tune(config, out, "--settings", "off,1,2", "--repeats", "2", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("tune: starting") == 1
+    assert "per request: off, n1, n2" in done.stderr
+    drafted: dict[str, list[float]] = {}
+    for name in ("off", "n1", "n2"):
+        for line in (out / "settings" / f"{name}.jsonl").read_text().splitlines():
+            m = json.loads(line)
+            assert m["mode"] == "per-request"
+            drafted.setdefault(name, []).append((m["draft_n"] or 0) / m["output_tokens"])
+    # Depth 0 drafts nothing in a process started at n_max 2; depth 1 at most one per token.
+    assert max(drafted["off"]) == 0
+    assert 0 < max(drafted["n1"]) <= 1.0
+    assert sum(drafted["n2"]) > sum(drafted["n1"])

@@ -107,9 +107,9 @@ def analyse(
     items = {item.id: item for item in workload.items}
     settings = {s.name: s for s in grid}
     kept = [m for m in measurements if m.item in items and m.setting in settings]
-    features = {
-        id(m): _features(items[m.item].path, items[m.item].request(m.tag), model) for m in kept
-    }
+    # The bodies as sent (one copy of a long prompt each, reused for both passes below).
+    sent = {id(m): items[m.item].request(m.tag) for m in kept}
+    features = {id(m): _features(items[m.item].path, sent[id(m)], model) for m in kept}
     calibrator = TokenCalibrator(routing.chars_per_token, routing.chars_per_token_half_life)
     for m in kept:
         if m.context_tokens:
@@ -120,8 +120,7 @@ def analyse(
         lambda: defaultdict(list)
     )
     for m in kept:
-        item = items[m.item]
-        cls = classify(_features(item.path, item.request(m.tag), model, cpt), routing)
+        cls = classify(_features(items[m.item].path, sent[id(m)], model, cpt), routing)
         table.classes_of[(m.setting, m.item, m.repeat)] = cls
         groups[(m.setting, cls.label)][m.repeat].append(m)
     off_by_repeat = {
