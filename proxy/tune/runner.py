@@ -67,7 +67,12 @@ class TuneRun:
     async def run(self, grid: Sequence[DraftSetting]) -> None:
         todo = [s for s in grid if self.pending(s)]
         queue = plan_groups(todo, per_request=self.mode != "per-process")
-        async with aiohttp.ClientSession(timeout=_REQUEST_TIMEOUT, trust_env=False) as session:
+        # A new connection per request: llama-server closes one after an early error answer
+        # (a prompt over the context), and a pooled one would fail the next request.
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=_REQUEST_TIMEOUT, trust_env=False
+        ) as session:
             while queue:
                 group = queue.pop(0)
                 self.progress.begin(f"starting {group.launch.label}")
