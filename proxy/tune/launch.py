@@ -1,8 +1,7 @@
 """One backend process for one draft setting, started and stopped by the supervisor's Child.
 
 The command line is the one the proxy would run for a profile of that setting
-(``proxy.plan.model_specs`` for a one-process plan at that setting: the model's args, the
-setting's draft flags), so tune
+(``proxy.plan.backend_specs_of``: the model's args, the setting's draft flags), so tune
 measures what serving will run. Processes are started one at a time: never more than one copy
 of the weights in memory.
 """
@@ -14,7 +13,7 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 
-from proxy.plan import ModelPlan, model_specs
+from proxy.plan import backend_specs_of
 from proxy.settings import ModelSettings, ProfileSettings
 from proxy.tune.grid import DraftSetting
 from supervisor.child import Child
@@ -43,10 +42,7 @@ async def running(
     session: aiohttp.ClientSession,
 ) -> AsyncIterator[Child]:
     """The setting's backend, READY; stopped (TERM, then KILL) when the block ends."""
-    profile = profile_of(model, setting)
-    alone = model.model_copy(update={"profiles": [profile], "replicas": 1, "replica_env": []})
-    plan = ModelPlan(model.name, "single", "tune", single_profile=profile.name)
-    spec = model_specs(alone, plan)[0]
+    spec = backend_specs_of(model, profile_of(model, setting))[0]
     if spec.is_remote:
         raise LaunchError(f"model {model.name}: tune starts its own processes, not a url")
     child = Child(spec, supervisor)
