@@ -18,6 +18,7 @@ from proxy.admission import Admission
 from proxy.bookkeeping import Bookkeeping
 from proxy.forward import Timeouts
 from proxy.metrics import ProxyMetrics
+from proxy.plan import ModelPlan
 from proxy.pool import BackendPool
 from proxy.routing.router import Router
 from proxy.routing.spec_counters import SpecCounterTracker
@@ -67,6 +68,12 @@ class ProxyState:
     router: Router
     timeouts: Timeouts
     admission: Admission
+    plans: dict[str, ModelPlan] = field(default_factory=dict)
+    """How each model is served now (proxy.plan); auto's settles at its first probe."""
+    replanning: set[str] = field(default_factory=set)
+    """Models whose processes are being replaced by another shape: their requests wait."""
+    replans: set[asyncio.Task[None]] = field(default_factory=set)
+    """Those replacements (proxy.replan), awaited after the supervisor stopped."""
     started_at: float = field(default_factory=time.time)
     spec_counters: SpecCounterTracker = field(default_factory=SpecCounterTracker)
     background: set[asyncio.Task[None]] = field(default_factory=set)
@@ -74,6 +81,7 @@ class ProxyState:
     request_ids: RequestIds = field(default_factory=RequestIds)
     session: aiohttp.ClientSession | None = None
     supervisor: Supervisor | None = None
+    listening: bool = False  # the listener is up: READY=1 may be sent from now on
     notified_ready: bool = False
     # Bound once (logging is configured before the app is made): building a logger from
     # structlog's configuration for every request took ~70 us on a cold path.
