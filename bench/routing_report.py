@@ -16,6 +16,9 @@ from typing import Any
 from bench.routing_replay import Outcome
 
 STATIC_PREFIX = "static:"
+TARGET_VS_ORACLE = 0.97  # issue 11: adaptive >= 0.97 x the oracle ...
+TARGET_GAIN_SHARE = 0.80  # ... and >= 80 % of the oracle's gain over the best static setting
+TARGET_GAIN_FLOOR = 0.03  # ... where that gain is >= 3 %
 
 
 @dataclass
@@ -56,7 +59,8 @@ def _percentile(ordered: list[float], q: float) -> float:
 
 
 def ratios(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """adaptive_vs_oracle, adaptive_vs_best_static, rules_vs_best_static and the oracle's gain."""
+    """adaptive_vs_oracle, adaptive_vs_best_static, rules_vs_best_static, the oracle's gain, the
+    pool reference row against the best static, and whether adaptive meets the targets."""
     goodput = {name: float(s["goodput_tok_s"]) for name, s in summaries.items()}
     statics = {n: g for n, g in goodput.items() if n.startswith(STATIC_PREFIX)}
     out: dict[str, Any] = {}
@@ -78,7 +82,23 @@ def ratios(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         gain = goodput["oracle"] - base
         captured = (goodput["adaptive"] - base) / gain if gain > 0 else None
         out["gain_captured"] = None if captured is None else round(captured, 4)
+    out["greedy_vs_oracle"] = ratio("greedy", goodput.get("oracle", math.nan))
+    out["pool_vs_best_static"] = ratio("pool", base)
+    out["meets_targets"] = meets_targets(out)
     return out
+
+
+def meets_targets(r: dict[str, Any]) -> bool | None:
+    """adaptive >= 0.97 x oracle, and where the oracle gains >= 3 % over the best static
+    setting, adaptive captures >= 80 % of that gain. None when a ratio is missing."""
+    vs_oracle, oracle_gain = r.get("adaptive_vs_oracle"), r.get("oracle_vs_best_static")
+    if vs_oracle is None or oracle_gain is None:
+        return None
+    if vs_oracle < TARGET_VS_ORACLE:
+        return False
+    if oracle_gain - 1.0 < TARGET_GAIN_FLOOR:
+        return True
+    return (r.get("gain_captured") or 0.0) >= TARGET_GAIN_SHARE
 
 
 def table(preset: str, summaries: dict[str, dict[str, Any]], rat: dict[str, Any]) -> str:
@@ -94,10 +114,13 @@ def table(preset: str, summaries: dict[str, dict[str, Any]], rat: dict[str, Any]
             f"{s['latency_mean_s']:9.1f} {s['latency_p95_s']:9.1f} {s['requests']:4d} "
             f"{s['errors']:3d}  {mix}"
         )
+    shown = {k: v for k, v in rat.items() if v is not None and k != "meets_targets"}
     lines.append(
-        "  ".join(f"{k} {v}" for k, v in rat.items() if v is not None)
+        "  ".join(f"{k} {v}" for k, v in shown.items())
         or "(no ratios: adaptive, oracle or static missing)"
     )
+    if rat.get("meets_targets") is not None:
+        lines.append(f"targets met: {'yes' if rat['meets_targets'] else 'NO'}")
     return "\n".join(lines)
 
 
