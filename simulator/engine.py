@@ -17,6 +17,7 @@ from typing import Any
 
 from simulator import model
 from simulator.config import SimConfig
+from simulator.depth import request_draft
 from simulator.metrics import Metrics
 from simulator.model import DraftSettings, Kind
 from simulator.presets import Preset
@@ -78,6 +79,7 @@ class Job:
     start: int  # first passage token of the answer
     rng: random.Random
     task_id: int
+    draft: DraftSettings  # what this request drafts (its "speculative.n_max" within the process's)
     timings: Timings = field(default_factory=Timings)
     produced: int = 0
     finish_reason: str = "length"
@@ -127,8 +129,10 @@ class Engine:
         )
         return lo + digest % (hi - lo + 1)
 
-    def job(self, prompt: Prompt, max_tokens: int | None, ignore_eos: bool) -> Job:
-        """Plan a request: tokens, kind, latent, length. Raises ContextTooLong."""
+    def job(
+        self, prompt: Prompt, max_tokens: int | None, ignore_eos: bool, depth: int | None = None
+    ) -> Job:
+        """Plan a request: tokens, kind, latent, length, draft depth. Raises ContextTooLong."""
         tokens = self.tokenizer.encode(prompt.text)
         if len(tokens) >= self.n_ctx:
             raise ContextTooLong(len(tokens), self.n_ctx)
@@ -152,11 +156,12 @@ class Engine:
             start=passage.starts[digest % len(passage.starts)],
             rng=random.Random(_digest(self.config.seed, digest, task_id)),
             task_id=task_id,
+            draft=request_draft(self.draft, depth),
         )
 
     async def run(self, job: Job) -> AsyncGenerator[int, None]:
         """Wait for a slot, prefill, then yield the number of new tokens after each step."""
-        pool, draft, preset, t = self.pool, self.draft, self.preset, job.timings
+        pool, process, draft, preset, t = self.pool, self.draft, job.draft, self.preset, job.timings
         slot = await pool.acquire(job.tokens)
         per_pos = [0] * draft.n_max if draft.enabled else []
         steps = busy = drafts = 0
@@ -165,7 +170,7 @@ class Engine:
             t.cache_n = min(common_prefix(slot.cache, job.tokens), len(job.tokens) - 1)
             t.prompt_n = len(job.tokens) - t.cache_n
             slot.cache = job.tokens[: t.cache_n]  # what survives if we are cancelled mid-way
-            t.prompt_ms = model.prefill_ms(preset, draft, t.prompt_n, t.cache_n)
+            t.prompt_ms = model.prefill_ms(preset, process, t.prompt_n, t.cache_n)
             pacer = _Pacer(self.config.time_scale)
             await pacer.advance(t.prompt_ms)
             slot.decoding = True
@@ -177,7 +182,7 @@ class Engine:
                     preset, model.acceptance(preset, context, job.kind, job.latent), draft
                 )
                 drafted, accepted = model.sample_step(job.rng, law, draft)
-                step = model.step_ms(preset, draft, context, drafted, concurrent)
+                step = model.step_ms(preset, draft, context, drafted, concurrent, process)
                 t.predicted_ms += step
                 steps += 1
                 busy += concurrent
@@ -222,14 +227,28 @@ class Engine:
         ignore_eos: bool,
         draft: DraftSettings | None = None,
         concurrent: int | None = None,
+        depth: int | None = None,
     ) -> dict[str, Any]:
-        """Expected figures of a request on this server (its caches, its load), not run."""
+        """Expected figures of a request on this server (its caches, its load), not run.
+
+        `draft` replaces the process's start-up settings; `depth` is the request's own
+        "speculative.n_max" within them.
+        """
         job = self.job(prompt, max_tokens, ignore_eos)
         cached = min(self.pool.best_prefix(job.tokens), len(job.tokens) - 1)
-        settings = self.draft if draft is None else draft
+        process = self.draft if draft is None else draft
+        settings = request_draft(process, depth)
         n = self.pool.n_decoding + 1 if concurrent is None else max(1, concurrent)
         pred = model.predict(
-            self.preset, settings, len(job.tokens), cached, job.kind, job.latent, job.limit, n
+            self.preset,
+            settings,
+            len(job.tokens),
+            cached,
+            job.kind,
+            job.latent,
+            job.limit,
+            n,
+            process,
         )
         return {
             "prompt_tokens": len(job.tokens),

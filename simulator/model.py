@@ -36,7 +36,7 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True)
 class DraftSettings:
-    """The speculative settings of one server process (llama-server's --spec-* flags)."""
+    """A server process's speculative settings (llama-server's --spec-* flags), or one request's."""
 
     spec_type: str = "none"
     n_max: int = 16
@@ -165,19 +165,32 @@ def sample_step(rng: random.Random, law: Drafter, draft: DraftSettings) -> tuple
     return drafted, accepted
 
 
-def base_step_ms(preset: Preset, draft: DraftSettings, context_tokens: float) -> float:
-    """A plain (non-speculative) decode step of one sequence at this context."""
+def base_step_ms(preset: Preset, process: DraftSettings, context_tokens: float) -> float:
+    """A plain (non-speculative) decode step of one sequence at this context.
+
+    The spill depends on the process's start-up depth (its compute buffers are sized then), not
+    on what one request drafts.
+    """
     ms = preset.decode.t0_ms * (1.0 + max(0.0, context_tokens) / preset.decode.ctx_half)
     spill = preset.spec.spill_n_max
-    if draft.enabled and spill > 0 and draft.n_max >= spill:
+    if process.enabled and spill > 0 and process.n_max >= spill:
         ms *= preset.spec.spill_slowdown
     return ms
 
 
 def step_ms(
-    preset: Preset, draft: DraftSettings, context_tokens: float, drafted: float, concurrent: int
+    preset: Preset,
+    draft: DraftSettings,
+    context_tokens: float,
+    drafted: float,
+    concurrent: int,
+    process: DraftSettings | None = None,
 ) -> float:
-    """Simulated duration of one verification step with `drafted` draft tokens (may be a mean)."""
+    """Simulated duration of one verification step with `drafted` draft tokens (may be a mean).
+
+    `draft` is what this request drafts, `process` the server's start-up settings (default: the
+    same): a request at depth 2 in a depth-3 process drafts like depth 2.
+    """
     extra = max(0, concurrent - 1)
     batch = 1.0 + preset.decode.batch_growth * extra
     cost = batch
@@ -185,7 +198,7 @@ def step_ms(
         spec = preset.spec
         per_draft = spec.draft_cost + spec.verify_cost_per_ktok * max(0.0, context_tokens) / 1e3
         cost += (spec.step_overhead + drafted * per_draft) * (1.0 + spec.concurrency_growth * extra)
-    return base_step_ms(preset, draft, context_tokens) * cost
+    return base_step_ms(preset, process or draft, context_tokens) * cost
 
 
 def decode_speed(
@@ -195,11 +208,12 @@ def decode_speed(
     kind: Kind,
     latent: float = 1.0,
     concurrent: int = 1,
+    process: DraftSettings | None = None,
 ) -> tuple[float, StepExpectation]:
     """Expected decode tokens/s of one request, and its per-step expectation."""
     a = acceptance(preset, context_tokens, kind, latent)
     exp = expected_step(drafter(preset, a, draft), draft)
-    ms = step_ms(preset, draft, context_tokens, exp.drafted, concurrent)
+    ms = step_ms(preset, draft, context_tokens, exp.drafted, concurrent, process)
     return 1e3 * exp.tokens / ms, exp
 
 
@@ -223,16 +237,18 @@ def predict(
     latent: float,
     output_tokens: int,
     concurrent: int = 1,
+    process: DraftSettings | None = None,
 ) -> Prediction:
     """Expected figures of one request without running it.
 
     context_tokens is the whole prompt (cached + to process); decode is evaluated at the mean
-    context over the answer (prompt + output / 2).
+    context over the answer (prompt + output / 2). `draft` is what the request drafts, `process`
+    the server's start-up settings (default: the same; prefill pays for the MTP head loaded).
     """
     cached = max(0, min(cached_tokens, context_tokens - 1))
-    prefill_s = prefill_ms(preset, draft, context_tokens - cached, cached) / 1e3
+    prefill_s = prefill_ms(preset, process or draft, context_tokens - cached, cached) / 1e3
     mid = context_tokens + output_tokens / 2.0
-    speed, exp = decode_speed(preset, draft, mid, kind, latent, concurrent)
+    speed, exp = decode_speed(preset, draft, mid, kind, latent, concurrent, process)
     return Prediction(
         prefill_s=prefill_s,
         decode_tok_s=speed,

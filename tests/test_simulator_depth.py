@@ -1,0 +1,213 @@
+"""The per-request draft depth ("speculative.n_max") on the real simulator process, over HTTP.
+
+The contract (HELPERS.md): a flat top-level integer key on chat, completions, /completion,
+responses and messages; 0 = no drafting, above the start-up depth clamped, negative or
+non-integer a 400 (the schema's message), a nested {"speculative": {...}} ignored; with
+--ignore-request-draft the key has no effect at all, as on stock llama-server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.test_simulator_http import MAX3, Sim, metric_values, post, simulator, sse
+
+# n_min 3 forces every step to draft min(3, depth) tokens, so the exact count can be checked:
+# draft tokens = depth x drafting steps, from the /metrics counters around one request.
+FORCED = [*MAX3, "--spec-draft-n-min", "3"]
+LIMIT_MESSAGE = "Value must be between 0 <= value <= 2147483647"
+PROMPT = "Hi there! How are you today?"
+
+
+@pytest.fixture(scope="module")
+def forced_sim() -> Iterator[Sim]:
+    with simulator("--preset", "fast", "--metrics", "-np", "1", *FORCED) as sim:
+        yield sim
+
+
+@pytest.fixture(scope="module")
+def stock_sim() -> Iterator[Sim]:
+    with simulator("--preset", "fast", "--metrics", *FORCED, "--ignore-request-draft") as sim:
+        yield sim
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+# (path, body without the depth field, stream): one request of 30 tokens per API.
+APIS: dict[str, tuple[str, dict[str, Any], bool]] = {
+    "chat": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 30},
+        False,
+    ),
+    "completions": ("/v1/completions", {"prompt": PROMPT, "max_tokens": 30}, False),
+    "native": ("/completion", {"prompt": PROMPT, "n_predict": 30}, False),
+    "responses": ("/v1/responses", {"input": PROMPT, "max_output_tokens": 30}, True),
+    "messages": (
+        "/v1/messages",
+        {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 30},
+        False,
+    ),
+}
+
+
+async def counters(http: aiohttp.ClientSession, sim: Sim) -> tuple[float, float]:
+    """(draft tokens, drafting steps) so far, from llama-server's /metrics counters."""
+    async with http.get(sim.url + "/metrics") as r:
+        values = metric_values(await r.text())
+    return (
+        values["llamacpp:spec_decode_num_draft_tokens_total"],
+        values["llamacpp:spec_decode_num_drafts_total"],
+    )
+
+
+async def timings(
+    http: aiohttp.ClientSession, sim: Sim, api: str, extra: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Send one request; its timings (None where the API carries none: messages)."""
+    path, body, stream = APIS[api]
+    if stream:
+        events = await sse(http, sim.url + path, {**body, **extra, "stream": True})
+        return dict(json.loads(events[-1][1])["timings"])
+    status, out = await post(http, sim.url + path, {**body, **extra})
+    assert status == 200, out
+    return dict(out["timings"]) if "timings" in out else None
+
+
+async def drafted(
+    http: aiohttp.ClientSession, sim: Sim, api: str, extra: dict[str, Any]
+) -> tuple[int, int, dict[str, Any] | None]:
+    """(draft tokens, drafting steps, timings) of one request."""
+    tokens_before, steps_before = await counters(http, sim)
+    t = await timings(http, sim, api, extra)
+    tokens_after, steps_after = await counters(http, sim)
+    return int(tokens_after - tokens_before), int(steps_after - steps_before), t
+
+
+@pytest.mark.parametrize("api", list(APIS))
+async def test_each_api_drafts_exactly_the_requested_depth(
+    http: aiohttp.ClientSession, forced_sim: Sim, api: str
+) -> None:
+    for depth, expected in ((0, 0), (1, 1), (2, 2), (3, 3), (8, 3), (None, 3)):
+        extra = {} if depth is None else {"speculative.n_max": depth}
+        tokens, steps, t = await drafted(http, forced_sim, api, extra)
+        assert tokens == expected * steps, (api, depth, tokens, steps)
+        if expected == 0:
+            assert steps == 0  # no drafting step counted at all
+        else:
+            assert steps > 0
+        if t is not None:  # draft_n absent when nothing was drafted, as llama-server
+            assert t.get("draft_n") == (tokens or None), (api, depth, t)
+            assert t["predicted_n"] == 30
+
+
+@pytest.mark.parametrize("api", list(APIS))
+async def test_a_bad_depth_is_a_400_with_the_schema_message(
+    http: aiohttp.ClientSession, forced_sim: Sim, api: str
+) -> None:
+    path, body, _ = APIS[api]
+    for value in (-1, 2**31):
+        status, out = await post(http, forced_sim.url + path, {**body, "speculative.n_max": value})
+        assert status == 400
+        assert out["error"]["code"] == 400 and out["error"]["type"] == "invalid_request_error"
+        assert LIMIT_MESSAGE in out["error"]["message"]
+        assert f"but got {value}" in out["error"]["message"]
+    for value in (2.5, "3", True, [3], {"n": 3}):
+        status, out = await post(http, forced_sim.url + path, {**body, "speculative.n_max": value})
+        assert status == 400, value
+        assert "speculative.n_max" in out["error"]["message"]
+        assert out["error"]["type"] == "invalid_request_error"
+
+
+async def test_null_integral_float_and_nested_form(
+    http: aiohttp.ClientSession, forced_sim: Sim
+) -> None:
+    # null is the server default (the schema treats it as absent); 2.0 is the integer 2
+    tokens, steps, _ = await drafted(http, forced_sim, "chat", {"speculative.n_max": None})
+    assert tokens == 3 * steps > 0
+    tokens, steps, _ = await drafted(http, forced_sim, "chat", {"speculative.n_max": 2.0})
+    assert tokens == 2 * steps > 0
+    # the nested form is not the key: ignored, the request drafts at the start-up depth
+    tokens, steps, t = await drafted(http, forced_sim, "chat", {"speculative": {"n_max": 0}})
+    assert tokens == 3 * steps > 0 and t is not None and t["draft_n"] == tokens
+
+
+@pytest.mark.parametrize("api", list(APIS))
+async def test_ignore_request_draft_behaves_like_stock(
+    http: aiohttp.ClientSession, stock_sim: Sim, api: str
+) -> None:
+    for value in (0, 1, -1, "x"):
+        tokens, steps, t = await drafted(http, stock_sim, api, {"speculative.n_max": value})
+        assert tokens == 3 * steps > 0, (api, value)  # the start-up depth, 200 even for -1
+        if t is not None:
+            assert t["draft_n"] == tokens
+
+
+async def test_depth_0_leaves_the_per_position_counters_alone(
+    http: aiohttp.ClientSession, forced_sim: Sim
+) -> None:
+    async with http.get(forced_sim.url + "/metrics") as r:
+        before = metric_values(await r.text())
+    await timings(http, forced_sim, "chat", {"speculative.n_max": 0})
+    async with http.get(forced_sim.url + "/metrics") as r:
+        after = metric_values(await r.text())
+    for name in (
+        "llamacpp:spec_decode_num_draft_tokens_total",
+        "llamacpp:spec_decode_num_accepted_tokens_total",
+        "llamacpp:spec_decode_num_drafts_total",
+    ):
+        assert after[name] == before.get(name, 0.0)
+    predicted = "llamacpp:tokens_predicted_total"
+    assert after[predicted] == before[predicted] + 30
+
+
+# --- speed and acceptance follow the requested depth through the same model ----------------------
+
+GREETING = {
+    "messages": [{"role": "user", "content": PROMPT}],
+    "max_tokens": 128,
+    "ignore_eos": True,
+}
+SETUP_B = ("--preset", "setup-b", "--time-scale", "400", "--latent-sigma", "0", "--seed", "5")
+
+
+async def mean_speed(
+    http: aiohttp.ClientSession, sim: Sim, extra: dict[str, Any], n: int = 8
+) -> tuple[float, float]:
+    """Mean predicted_per_second and pooled acceptance of n greetings."""
+    speeds, drafted_n, accepted_n = [], 0, 0
+    for _ in range(n):
+        status, out = await post(http, sim.url + "/v1/chat/completions", {**GREETING, **extra})
+        assert status == 200
+        t = out["timings"]
+        speeds.append(t["predicted_per_second"])
+        drafted_n += t.get("draft_n", 0)
+        accepted_n += t.get("draft_n_accepted", 0)
+    return sum(speeds) / n, accepted_n / drafted_n if drafted_n else 0.0
+
+
+async def test_a_shallower_request_behaves_like_a_process_at_that_depth(
+    http: aiohttp.ClientSession,
+) -> None:
+    depth2 = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
+    with simulator(*SETUP_B, *MAX3) as deep, simulator(*SETUP_B, *depth2) as two:
+        requested, requested_acc = await mean_speed(http, deep, {"speculative.n_max": 2})
+        started, started_acc = await mean_speed(http, two, {})
+        full, _ = await mean_speed(http, deep, {})
+        _, predicted = await post(
+            http, deep.url + "/sim/predict", {**GREETING, "speculative.n_max": 2}
+        )
+    assert requested == pytest.approx(started, rel=0.05)
+    assert requested_acc == pytest.approx(started_acc, abs=0.06)
+    assert requested == pytest.approx(predicted["decode_tok_s"], rel=0.05)
+    assert predicted["draft"]["n_max"] == 2
+    assert full > requested * 1.02  # and depth 3 itself is still depth 3 (greeting: 1.71x)
