@@ -26,12 +26,14 @@ from proxy.drain import REQUESTS, RequestCount, count_requests, drain
 from proxy.forward import Timeouts
 from proxy.metrics import ProxyMetrics
 from proxy.middlewares import auth_middleware, error_middleware
+from proxy.plan import backend_slots, backend_specs, describe_plan, plans_of
 from proxy.pool import BackendPool
 from proxy.reload import Reloader
+from proxy.replan import apply_plans, on_ready, on_replaced
 from proxy.routing.router import Router
 from proxy.routing.settings import RoutingSettings
 from proxy.routing.stats import LearnedStats, write_atomic
-from proxy.settings import Settings, backend_slots, backend_specs
+from proxy.settings import Settings
 from proxy.state import STATE, ModelCatalog, ProxyState
 from supervisor.backend import Backend
 from supervisor.pool import Supervisor
@@ -57,7 +59,9 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
         timeouts=Timeouts(
             server.connect_timeout_s, server.first_byte_timeout_s, server.idle_timeout_s
         ),
+        plans=plans_of(settings),
     )
+    apply_plans(state)
     app = web.Application(
         client_max_size=server.max_body_bytes,
         middlewares=[count_requests, error_middleware, auth_middleware],
@@ -106,8 +110,11 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
 
 async def _backend_pool(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    specs = backend_specs(state.settings)
-    slots = backend_slots(state.settings)
+    for model in state.settings.models:
+        for line in describe_plan(model, state.plans[model.name]):
+            log.info("plan", model=model.name, line=line)
+    specs = backend_specs(state.settings, state.plans)
+    slots = backend_slots(state.settings, state.plans)
     for spec in specs:
         state.pool.update(spec, BackendState.STARTING, base_url=None, slots=slots[spec.name])
     supervisor = Supervisor(
@@ -134,6 +141,8 @@ def _track(state: ProxyState, changed: Backend) -> None:
     current = state.supervisor.backend(changed.name)
     slot = state.pool.update(current.spec, current.state, current.base_url)
     if slot.ready:
+        on_ready(state, current)
+        on_replaced(state, current)
         state.admission.notify(slot.model, state.pool.free_slots(slot.model))
     if not state.notified_ready and all(
         state.pool.ready_of_model(m) for m in state.models.primary_names()

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import structlog
 
+from proxy.plan import backend_specs, describe_plan, plans_of
 from proxy.preflight import log_result, render, run_preflight
-from proxy.settings import ConfigError, Settings, backend_specs, load_settings
+from proxy.settings import ConfigError, Settings, load_settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,8 +53,9 @@ def _load_or_exit(path: Path | None) -> Settings:
 
 def _check_config(path: Path) -> int:
     settings = _load_or_exit(path)
+    plans = plans_of(settings)
     try:
-        specs = backend_specs(settings)
+        specs = backend_specs(settings, plans)
     except (FileNotFoundError, ValueError) as exc:
         print(f"invalid configuration {path}:\n  - {exc}", file=sys.stderr)
         return 2
@@ -62,10 +64,11 @@ def _check_config(path: Path) -> int:
     for model in settings.models:
         aliases = f" (aliases: {', '.join(model.aliases)})" if model.aliases else ""
         print(f"model {model.name}{aliases}: {len(model.profiles)} profile(s)")
+        print("\n".join(f"  {line}" for line in describe_plan(model, plans[model.name])))
         for spec in (s for s in specs if s.model == model.name):
             target = spec.url or " ".join([*spec.argv, "--host", "127.0.0.1", "--port", "<free>"])
             print(f"  {spec.name}: {target}")
-    memory = run_preflight(settings)
+    memory = run_preflight(settings, plans=plans)
     print("\n".join(render(memory)))
     for warning in memory.warnings:
         print(f"warning: {warning}", file=sys.stderr)

@@ -17,7 +17,9 @@ from pathlib import Path
 import structlog
 
 from proxy import sdnotify
-from proxy.settings import ConfigError, Settings, backend_slots, backend_specs, load_settings
+from proxy.plan import backend_slots, backend_specs, plans_of
+from proxy.replan import apply_plans
+from proxy.settings import ConfigError, Settings, load_settings
 from proxy.state import ModelCatalog, ProxyState
 from supervisor.commandline import LlamaServerNotFoundError
 from supervisor.spec import BackendSpec
@@ -114,6 +116,8 @@ def _adopt_models(
     loads; a removed one 404s at once while its requests in flight finish."""
     state.settings = state.settings.model_copy(update={"models": settings.models})
     state.models = ModelCatalog(settings.models)
+    state.plans = plans_of(settings)  # re-decided: an auto model is probed again
+    apply_plans(state)
     state.metrics.prime({m.name: [p.name for p in m.profiles] for m in settings.models})
     for spec in specs:
         if state.pool.get(spec.name) is None:

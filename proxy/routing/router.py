@@ -16,7 +16,8 @@ from typing import Any
 
 from proxy.forward import Relayed
 from proxy.pool import BackendPool, BackendSlot
-from proxy.routing.classes import RequestClass, classify
+from proxy.routing.classes import RequestClass, classify, load_level
+from proxy.routing.depth import Replica, decide_depth
 from proxy.routing.features import Api, RequestFeatures, extract_features
 from proxy.routing.policy import Candidate, decide
 from proxy.routing.settings import RoutingSettings
@@ -42,6 +43,10 @@ class Route:
     """Other requests on the backend when it was chosen (the load its speed is measured at)."""
     cache_key: object = None
     """What SlotCaches knows this request's slot by (released when it is observed)."""
+    depth: int | None = None
+    """A per-request process: the draft depth to inject ("speculative.n_max"); else None."""
+    level: int = 0
+    """A per-request process: the load level the depth was chosen at (statistics key)."""
 
     @property
     def class_label(self) -> str:
@@ -131,6 +136,14 @@ class SlotCaches:
         return lru[idle] if idle is not None else next(iter(lru.values()))
 
 
+@dataclass(frozen=True)
+class PerRequestModel:
+    """A model served by one process (per replica): its profiles are per-request depths."""
+
+    depths: Mapping[str, int]
+    mixed: bool = False  # may requests at different depths decode at once on one process
+
+
 class Router:
     def __init__(
         self,
@@ -147,6 +160,8 @@ class Router:
         self._sessions: dict[str, tuple[str, float]] = {}  # key -> (backend, last used)
         self._caches = SlotCaches()
         self.mix: Counter[tuple[str, str, str]] = Counter()  # (model, profile, reason)
+        self.per_request: dict[str, PerRequestModel] = {}  # set by the app from the plans
+        self._load_decay = 0.5 ** (1.0 / settings.load_half_life_requests)
 
     def features(
         self, api: Api, model: str, body: Mapping[str, Any], headers: Mapping[str, str]
@@ -162,6 +177,9 @@ class Router:
     def route(
         self, model: str, features: RequestFeatures, *, exclude: Collection[str]
     ) -> Route | None:
+        per_request = self.per_request.get(model)
+        if per_request is not None:
+            return self._route_depth(model, per_request, features, exclude)
         holder = self._holder(features.session_key)
         pinned = self.pinned_profile(model, features, exclude)
         backends = self.pool.of_model(model)
@@ -206,6 +224,63 @@ class Router:
             backend, decision.profile, decision.reason, decision.detail, cls, backend.in_flight, key
         )
 
+    def _route_depth(
+        self,
+        model: str,
+        per_request: PerRequestModel,
+        features: RequestFeatures,
+        exclude: Collection[str],
+    ) -> Route | None:
+        """One process per replica: a replica and a per-request depth (routing.depth)."""
+        holder = self._holder(features.session_key)
+        replicas = [
+            Replica(
+                b.name,
+                b.ready,
+                b.in_flight,
+                b.slots,
+                b.name == holder,
+                dict(b.decoding),
+                b.recent_load,
+            )
+            for b in self.pool.of_model(model)
+            if b.name not in exclude
+        ]
+        decision = decide_depth(
+            features,
+            replicas,
+            per_request.depths,
+            self.stats.for_model(model),
+            self.settings,
+            self._draws(features),
+            mixed=per_request.mixed,
+        )
+        if decision is None:
+            return None
+        backend = self.pool.get(decision.backend)
+        if backend is None:
+            return None
+        decay = self._load_decay
+        backend.recent_load = backend.recent_load * decay + (backend.in_flight + 1) * (1 - decay)
+        if features.session_key is not None:
+            self._sessions[features.session_key] = (backend.name, time.monotonic())
+        key = self._caches.use(
+            backend.name, features.session_key, features.est_prompt_tokens, backend.slots
+        )
+        self.mix[(model, decision.profile, decision.reason)] += 1
+        cls = classify(features, self.settings)
+        return Route(
+            backend,
+            decision.profile,
+            decision.reason,
+            decision.detail,
+            cls,
+            backend.in_flight,
+            key,
+            depth=decision.depth,
+            level=decision.level,
+        )
+
     def _draws(self, features: RequestFeatures) -> random.Random:
         """The random source of one decision. Seeded: drawn from the seed and the request's own
         content (session key, prompt size), so a request's exploration draws do not depend on
@@ -225,6 +300,10 @@ class Router:
         if not features.pinned_profile:
             return None
         profile = self.settings.resolve_pin(features.pinned_profile)
+        per_request = self.per_request.get(model)
+        if per_request is not None:
+            # Every replica serves every profile; a pin waits for a free slot like any request.
+            return None
         ready = any(
             b.profile == profile and b.name not in exclude for b in self.pool.ready_of_model(model)
         )
@@ -293,8 +372,15 @@ class Router:
         # The load over the request's life: the mean of the others in flight when it was sent
         # and when it ended (the lease is released by now, so in_flight counts only others).
         load = (route.in_flight + route.backend.in_flight) / 2.0
+        # A per-request process keys its statistics by load level (this request counted).
+        level = load_level(load + 1.0, self.settings) if route.depth is not None else 0
         self.stats.observe(
-            route.request_class, route.profile, observation, model=features.model, load=load
+            route.request_class,
+            route.profile,
+            observation,
+            model=features.model,
+            load=load,
+            level=level,
         )
         if observation.context_tokens:
             self.stats.calibrator.observe(features, observation.context_tokens)
