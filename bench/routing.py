@@ -22,27 +22,32 @@ Policies:
 - ``rules``: the proxy's policy with ``routing.learning = false``: cold rules only (not run
   unless listed);
 - ``adaptive``: the proxy's default policy;
-- ``oracle``: the reference, the best setting in hindsight per request class and load level
+- ``hindsight``: the best setting in hindsight per request class and load level
   (bench/routing_reference.py): built from the three static runs (run whether listed or not),
-  then replayed with each request pinned to its cell's winner. It bounds what a policy deciding
-  from class and load alone can reach, up to the interactions between cells and run noise; it
-  does not bound a policy that uses finer information (a session's own acceptance, what arrives
-  next) or mixes settings within a cell, and on a pool it ignores where sessions' caches are
-  (there its static runs had three backends of one profile, the replay one of each: read it as
-  a reference, not a bound);
+  then replayed with each request pinned to its cell's winner. It is what a policy deciding from
+  class and load alone can reach, up to the interactions between cells (a cell's choice changes
+  the load and queueing others see) and run noise; it does not bound a policy that uses finer
+  information (a session's own acceptance, what arrives next) or mixes settings within a cell,
+  and on a pool it ignores where sessions' caches are (there its static runs had three backends
+  of one profile, the replay one of each);
 - ``greedy``: each request pinned to the setting the simulator predicts fastest for it against
   the same cache and load state at its send (POST /sim/predict with each depth, or on each
-  backend). It never gives up one request's speed for others', so a policy can beat it: it is a
-  counterfactual per-request row, not an upper bound;
+  backend). It never gives up one request's speed for others' (it cannot see the requests
+  beside it slow down), so a policy can beat it: a counterfactual per request, not a bound;
 - ``pool`` (one-copy only): the adaptive policy on today's three-process pool, at three times
   the VRAM, as a reference row.
 
-Ratios (``--json``: per preset ``ratios``): ``adaptive_vs_oracle``, ``adaptive_vs_best_static``
-(the best static row of the topology), ``gain_captured`` (adaptive's share of the oracle's gain
-over the best static) and ``meets_targets`` (adaptive >= 0.97 x oracle, and >= 80 % of the
-oracle's gain where that gain is >= 3 %). Per preset ``reference.cells`` lists every class and
-load level: each static's goodput there, the oracle's pick, and adaptive's goodput and choices,
-which shows where adaptive loses.
+The **oracle** (the reference the ratios use) is the best of the rows that are assignments a
+router could have made with hindsight or foresight: hindsight, greedy and each static setting (a
+static setting is one assignment of settings to classes and load levels, so the reference is
+never below the best static); ``ratios.oracle`` names the row. It is a reference, not a proven
+upper bound: see what hindsight and greedy do not cover above. Ratios (``--json``: per preset
+``ratios``): ``adaptive_vs_oracle``, ``adaptive_vs_best_static`` (the best static row of the
+topology: on one-copy, the best depth on the one process), ``gain_captured`` (adaptive's share of
+the oracle's gain over the best static) and ``meets_targets`` (adaptive >= 0.97 x oracle, and
+>= 80 % of the oracle's gain where that gain is >= 3 %: issue 11). Per preset
+``reference.cells`` lists every class and load level: each static's goodput there, hindsight's
+pick, and adaptive's goodput and choices, which shows where adaptive loses.
 
 Goodput is output tokens per second the clients waited (see bench/routing_report.py); latencies
 are in simulated seconds (wall x time scale). The proxies run with ``routing.clock_scale`` =
@@ -103,8 +108,8 @@ from bench.routing_trace import TraceRequest, read_trace, write_trace
 
 STATICS = tuple(STATIC_PREFIX + p for p in PROFILES)
 POLICIES = {
-    "one-copy": (*STATICS, "adaptive", "oracle", "greedy", POOL_ROW),
-    "pool": (*STATICS, "adaptive", "oracle", "greedy"),
+    "one-copy": (*STATICS, "adaptive", "hindsight", "greedy", POOL_ROW),
+    "pool": (*STATICS, "adaptive", "hindsight", "greedy"),
 }
 RELEARN_POLICIES = ("static:max", "rules", "adaptive", "greedy")
 RELEARN_COLLAPSE = "code=0.25"  # --acceptance-scale of the max profile in the re-learn run
@@ -139,9 +144,9 @@ def _pinner(
 ) -> tuple[Pinner | None, GreedyPin | None]:
     if policy.startswith(STATIC_PREFIX):
         return StaticPin(policy.removeprefix(STATIC_PREFIX)), None
-    if policy == "oracle":
+    if policy == "hindsight":
         if reference is None:
-            raise ValueError("the oracle needs the static runs first")
+            raise ValueError("the hindsight reference needs the static runs first")
         return HindsightPin(reference.hindsight, reference.classes), None
     if policy == "greedy":
         greedy = GreedyPin(greedy_choices(rows, cfg.topology), cfg.slots)
@@ -212,10 +217,10 @@ def _classes(proxy: ProxyProcess) -> dict[int, str]:
 def run_preset(
     trace: list[TraceRequest], cfg: BenchConfig, policies: Sequence[str], progress: bool
 ) -> tuple[dict[str, PolicyRun], Reference | None]:
-    """Every policy on a fresh proxy; the static ones first, since the oracle is built from
-    them (it runs all three when asked for, whether listed or not; only the listed are shown)."""
+    """Every policy on a fresh proxy; the static ones first, since the hindsight reference is
+    built from them (all three run when it is asked for, listed or not: all are shown)."""
     statics = [p for p in policies if p.startswith(STATIC_PREFIX)]
-    if "oracle" in policies:
+    if "hindsight" in policies:
         statics = [STATIC_PREFIX + p for p in PROFILES]
     others = [p for p in policies if not p.startswith(STATIC_PREFIX)]
     runs: dict[str, PolicyRun] = {}
@@ -223,7 +228,7 @@ def run_preset(
     with tempfile.TemporaryDirectory(prefix="bench-routing-") as tmp:
         for policy in statics:
             runs[policy] = run_policy(policy, trace, cfg, Path(tmp), progress)
-        if "oracle" in policies:
+        if "hindsight" in policies:
             classes: dict[int, str] = {}
             for run in runs.values():
                 classes = {**run.classes, **classes}
@@ -231,7 +236,7 @@ def run_preset(
             reference = Reference(hindsight(static_runs, classes), classes)
         for policy in others:
             runs[policy] = run_policy(policy, trace, cfg, Path(tmp), progress, reference)
-    return {p: runs[p] for p in policies}, reference
+    return {p: runs[p] for p in [*statics, *others]}, reference
 
 
 def load_default_trace() -> list[TraceRequest]:

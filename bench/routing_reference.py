@@ -1,6 +1,6 @@
 """The routing benchmark's reference policies: what a router could have done on the same trace.
 
-``oracle`` (the reference): the best draft setting *in hindsight* per request class and load
+``hindsight``: the best draft setting *in hindsight* per request class and load
 level. Every static setting is replayed over the trace first; each request is put in its cell:
 the proxy's request class (e.g. ``16k-64k/code``) and its load level (the requests outstanding
 at its send, itself included: 1, 2-3 or 4+, the proxy's default ``routing.concurrency_levels``).
@@ -18,7 +18,8 @@ will arrive next), that mixes settings within a cell, or that trades one request
 others' (e.g. drafting less at load 2 to help the request beside it). On a pool (one process per
 setting) it also ignores where a session's cache is: a pinned session whose cell changes moves
 to another backend and re-prefills. So a policy can beat it; where one does, that is a finding
-about the cells, not a bug.
+about the cells, not a bug. bench.routing's oracle is the best of this, greedy and the static
+rows (bench/routing_report.py).
 
 ``greedy``: per request, the setting the simulator predicts fastest for it, evaluated against
 the same cache and load state at its send (POST /sim/predict on each backend, or on the one
@@ -171,8 +172,8 @@ def cells_report(
     reference: Hindsight, runs: dict[str, PolicyRun], classes: dict[int, str]
 ) -> list[dict[str, Any]]:
     """Per cell: every static's goodput there, the reference's pick, and how the other policies
-    (adaptive, oracle, ...) did in the same cell and where they sent its requests."""
-    others = {n: r for n, r in runs.items() if n.startswith(("adaptive", "oracle", "greedy"))}
+    (adaptive, hindsight, greedy) did in the same cell and where they sent its requests."""
+    others = {n: r for n, r in runs.items() if n in ("adaptive", "hindsight", "greedy")}
     seen = {n: cell_stats(r, classes) for n, r in others.items()}
     mixes: dict[str, dict[Cell, dict[str, int]]] = {}
     for name, run in others.items():
