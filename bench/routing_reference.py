@@ -4,9 +4,12 @@
 level. Every static setting is replayed over the trace first; each request is put in its cell:
 the proxy's request class (e.g. ``16k-64k/code``) and its load level (the requests outstanding
 at its send, itself included: 1, 2-3 or 4+, the proxy's default ``routing.concurrency_levels``).
-Per cell the static setting with the highest goodput (output tokens / seconds waited) wins; then
-the trace is replayed once more with every request pinned (X-MTP-Profile) to its cell's winner,
-its load level counted live. It is a deterministic function of the static runs, so repeat runs
+Per cell the static setting with the highest goodput (output tokens / seconds waited) wins, if
+it beats the best static setting overall there by >= 3 % with >= 3 requests in each of the two
+runs (a cell of one or two requests is noise, and a deviation changes the queue and caches every
+other cell sees); otherwise the cell keeps the best static setting overall. Then the trace is
+replayed once more with every request pinned (X-MTP-Profile) to its cell's setting, its load
+level counted live. It is a deterministic function of the static runs, so repeat runs
 agree as closely as the static runs do.
 
 What it bounds: any policy that decides from the request class and the load level alone (the
@@ -42,6 +45,8 @@ import aiohttp
 from bench.routing_report import PolicyRun
 from bench.routing_trace import API_OF_PATH, TraceRequest
 
+MIN_CELL_REQUESTS = 3  # a cell leaves the best overall setting only on this many requests ...
+MIN_CELL_GAIN = 0.03  # ... and by this much goodput in that cell
 LOAD_LEVELS = (1, 2, 4)  # 1, 2-3, 4+: the levels the proxy's statistics are keyed by by default
 
 
@@ -97,12 +102,20 @@ def hindsight(static_runs: dict[str, PolicyRun], classes: dict[int, str]) -> Hin
         for cell, s in stats.items():
             cells[cell][profile] = s
     order = list(static_runs)  # ties go to the first profile listed (off before min before max)
-    table = {
-        cell: max(by, key=lambda p: (by[p].goodput, -order.index(p))) for cell, by in cells.items()
-    }
     overall = {p: run.summary()["goodput_tok_s"] for p, run in static_runs.items()}
     fallback = max(order, key=lambda p: (overall[p], -order.index(p)))
+    table = {cell: _pick(by, fallback, order) for cell, by in cells.items()}
     return Hindsight(table, fallback, dict(sorted(cells.items())))
+
+
+def _pick(by: dict[str, CellStats], fallback: str, order: list[str]) -> str:
+    """The cell's best static, where it is clearly better than the overall best's there."""
+    best = max(by, key=lambda p: (by[p].goodput, -order.index(p)))
+    base = by.get(fallback)
+    if base is None:
+        return best
+    enough = min(by[best].requests, base.requests) >= MIN_CELL_REQUESTS
+    return best if enough and by[best].goodput >= (1 + MIN_CELL_GAIN) * base.goodput else fallback
 
 
 class HindsightPin:

@@ -37,6 +37,7 @@ class PolicyRun:
         timed = [o for o in self.outcomes if o.predicted_n and o.predicted_ms]
         decode_ms = sum(o.predicted_ms or 0.0 for o in timed)
         mix = Counter(o.profile for o in self.outcomes)
+        reasons = Counter(o.reason for o in self.outcomes)
         return {
             "requests": len(self.outcomes),
             "errors": len(self.errors),
@@ -49,6 +50,7 @@ class PolicyRun:
             "latency_p95_s": _percentile(latencies, 0.95),
             "wall_s": round(self.wall_s, 2),
             "mix": dict(sorted(mix.items())),
+            "reasons": dict(sorted(reasons.items())),  # X-MTP-Route-Reason
         }
 
 
