@@ -107,6 +107,10 @@ def _digest(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
+def _depth(draft: DraftSettings) -> int:
+    return draft.n_max if draft.enabled else 0
+
+
 class Engine:
     def __init__(self, config: SimConfig, preset: Preset) -> None:
         self.config = config
@@ -173,16 +177,26 @@ class Engine:
             t.prompt_ms = model.prefill_ms(preset, process, t.prompt_n, t.cache_n)
             pacer = _Pacer(self.config.time_scale)
             await pacer.advance(t.prompt_ms)
-            slot.decoding = True
-            pool.n_decoding += 1
             context = len(job.tokens)
+            pool.start_decoding(slot, _depth(draft), 0.0)
             while job.produced < job.limit:
                 concurrent = pool.n_decoding
                 law = model.drafter(
                     preset, model.acceptance(preset, context, job.kind, job.latent), draft
                 )
+                expected = model.expected_step(law, draft).drafted
+                pool.set_overhead(
+                    slot, model.speculative_overhead(preset, draft, process, context, expected)
+                )
+                neighbours = model.Neighbours(
+                    count=concurrent - 1,
+                    overhead=max(0.0, pool.overhead_sum - slot.overhead),
+                    extra_depths=pool.n_depths - 1,
+                )
                 drafted, accepted = model.sample_step(job.rng, law, draft)
-                step = model.step_ms(preset, draft, context, drafted, concurrent, process)
+                step = model.step_ms(
+                    preset, draft, context, drafted, concurrent, process, neighbours
+                )
                 t.predicted_ms += step
                 steps += 1
                 busy += concurrent
@@ -201,7 +215,6 @@ class Engine:
             job.finish_reason = "stop" if job.natural else "length"
         finally:
             if slot.decoding:
-                pool.n_decoding -= 1
                 generated = job.passage.token_ids(job.start, job.produced)
                 pool.release(slot, job.tokens + generated)
             else:  # cancelled before the prompt was in: keep the reused prefix only
@@ -219,6 +232,12 @@ class Engine:
                 drafts=drafts,
                 per_pos=per_pos,
             )
+
+    def _neighbours(self, draft: DraftSettings) -> model.Neighbours:
+        """The requests decoding now, as seen by one more at `draft`'s depth."""
+        pool, depth = self.pool, _depth(draft)
+        depths = pool.n_depths + (0 if pool.has_depth(depth) else 1)
+        return model.Neighbours(pool.n_decoding, pool.overhead_sum, depths - 1)
 
     def predict(
         self,
@@ -238,7 +257,10 @@ class Engine:
         cached = min(self.pool.best_prefix(job.tokens), len(job.tokens) - 1)
         process = self.draft if draft is None else draft
         settings = request_draft(process, depth)
-        n = self.pool.n_decoding + 1 if concurrent is None else max(1, concurrent)
+        if concurrent is None:  # this server's load as it is: who decodes, at which depths
+            n, neighbours = self.pool.n_decoding + 1, self._neighbours(settings)
+        else:  # a hypothetical load: the others draft as this one
+            n, neighbours = max(1, concurrent), None
         pred = model.predict(
             self.preset,
             settings,
@@ -249,6 +271,7 @@ class Engine:
             job.limit,
             n,
             process,
+            neighbours,
         )
         return {
             "prompt_tokens": len(job.tokens),

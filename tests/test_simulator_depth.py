@@ -8,6 +8,7 @@ non-integer a 400 (the schema's message), a nested {"speculative": {...}} ignore
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -211,3 +212,81 @@ async def test_a_shallower_request_behaves_like_a_process_at_that_depth(
     assert requested == pytest.approx(predicted["decode_tok_s"], rel=0.05)
     assert predicted["draft"]["n_max"] == 2
     assert full > requested * 1.02  # and depth 3 itself is still depth 3 (greeting: 1.71x)
+
+
+# --- what depth costs inside one MTP process -------------------------------------------------
+
+
+async def test_depth_0_in_an_mtp_process_pays_a_few_percent(http: aiohttp.ClientSession) -> None:
+    with simulator(*SETUP_B, *MAX3) as mtp, simulator(*SETUP_B) as off:
+        in_mtp, acceptance = await mean_speed(http, mtp, {"speculative.n_max": 0}, n=4)
+        plain, _ = await mean_speed(http, off, {}, n=4)
+        fresh = {"messages": [{"role": "user", "content": "Tell me about owls. " * 20}]}
+        depth0 = {**fresh, "max_tokens": 4, "speculative.n_max": 0}
+        _, mtp_out = await post(http, mtp.url + "/v1/chat/completions", depth0)
+        _, off_out = await post(http, off.url + "/v1/chat/completions", {**fresh, "max_tokens": 4})
+    assert acceptance == 0.0 and "draft_n" not in mtp_out["timings"]
+    # the MTP head's catch-up pass and recurrent snapshots: "a few %" of decode (MODEL.md)
+    assert 1.01 <= plain / in_mtp <= 1.10, plain / in_mtp
+    # and its prompt processing, as every request of an MTP process
+    assert mtp_out["timings"]["prompt_ms"] > off_out["timings"]["prompt_ms"] * 1.05
+
+
+async def neighbour_pair(
+    http: aiohttp.ClientSession, sim: Sim, neighbour_depth: int, bursts: int = 4
+) -> float:
+    """Mean decode tok/s of a depth-3 request while a second one decodes at neighbour_depth."""
+    speeds = []
+    for _ in range(bursts):
+        body = {**GREETING, "max_tokens": 250}
+        (_, mine), (_, _other) = await asyncio.gather(
+            post(http, sim.url + "/v1/chat/completions", {**body, "speculative.n_max": 3}),
+            post(
+                http,
+                sim.url + "/v1/chat/completions",
+                {**body, "speculative.n_max": neighbour_depth},
+            ),
+        )
+        speeds.append(mine["timings"]["predicted_per_second"])
+    return sum(speeds) / len(speeds)
+
+
+async def test_mixed_depths_across_slots_cost_extra_passes(http: aiohttp.ClientSession) -> None:
+    with simulator(*SETUP_B, *MAX3, "-np", "2") as sim:
+        uniform = await neighbour_pair(http, sim, 3)
+        mixed = await neighbour_pair(http, sim, 2)
+    # The same depth-3 request, beside a neighbour that drafts less: without the mixing cost it
+    # would run slightly faster (less speculative work in the shared step); hybrid slots at
+    # different depths cannot share a ubatch, so it runs slower.
+    assert mixed < uniform * 0.95, (mixed, uniform)
+
+
+async def step_ms_beside(
+    http: aiohttp.ClientSession, sim: Sim, depth: int, other_depth: int
+) -> float:
+    """Step time of a short request at `depth` while a long one decodes at `other_depth`.
+
+    The process forces 3 drafts per step at depth 3 (n_min 3), so a depth-3 request's steps
+    are draft_n / 3 and a depth-0 request's are its tokens.
+    """
+    body = {**GREETING, "ignore_eos": True}
+    short = {**body, "max_tokens": 40, "speculative.n_max": depth}
+    long = {**body, "max_tokens": 400, "speculative.n_max": other_depth}
+    (_, out), _ = await asyncio.gather(
+        post(http, sim.url + "/v1/chat/completions", short),
+        post(http, sim.url + "/v1/chat/completions", long),
+    )
+    t = out["timings"]
+    steps = t["draft_n"] / 3 if depth else t["predicted_n"]
+    return float(t["predicted_ms"]) / steps
+
+
+async def test_slots_at_different_depths_share_one_step(http: aiohttp.ClientSession) -> None:
+    # llama-server advances all slots one step at a time: a depth-0 request beside a drafting
+    # one waits for the same (speculative, split) step as its neighbour, and vice versa.
+    with simulator(*SETUP_B, *FORCED, "-np", "2") as sim:
+        plain_beside_drafting = await step_ms_beside(http, sim, 0, 3)
+        drafting_beside_plain = await step_ms_beside(http, sim, 3, 0)
+        plain_beside_plain = await step_ms_beside(http, sim, 0, 0)
+    assert plain_beside_drafting == pytest.approx(drafting_beside_plain, rel=0.05)
+    assert plain_beside_drafting > 1.5 * plain_beside_plain
