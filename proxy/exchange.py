@@ -120,7 +120,11 @@ class Exchange:
         state = self.state
         if self.model not in state.router.per_request and self.model not in state.replanning:
             return False
-        return any(b.coming_back for b in state.pool.of_model(self.model))
+        # A process that just failed this request still looks ready until the supervisor sees
+        # it exit: it comes back too (a new generation), unless it was given up (FAILED).
+        return any(
+            b.coming_back or (b.ready and b.name in tried) for b in state.pool.of_model(self.model)
+        )
 
     async def _admit(self, tried: set[str]) -> web.Response | None:
         """Wait in line for a free slot on a backend not yet tried; a 429 if there is none."""
@@ -129,8 +133,9 @@ class Exchange:
             return None  # pinned to a ready profile: it goes there, full or not
 
         def has_room() -> bool:
+            excluded = self._excluded() if self.failed else tried  # a restart lifts it
             return any(
-                b.has_room and b.name not in tried for b in state.pool.ready_of_model(self.model)
+                b.has_room and b.name not in excluded for b in state.pool.ready_of_model(self.model)
             )
 
         try:
@@ -256,7 +261,13 @@ class Exchange:
         spec_delta: SpecCounters | None = None,
     ) -> Observation:
         observation = self.state.router.observe(
-            route, self.features, usage, sent_at=sent_at, done_at=done_at, spec_delta=spec_delta
+            route,
+            self.features,
+            usage,
+            sent_at=sent_at,
+            done_at=done_at,
+            spec_delta=spec_delta,
+            learn=route.depth is None or not self.own_depth,
         )
         self.state.metrics.record_observation(self.model, route.profile, observation)
         return observation

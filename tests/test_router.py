@@ -199,3 +199,17 @@ def test_one_process_observations_are_kept_per_load_level() -> None:
     router.observe(route, _features("a"), usage, sent_at=0.0, done_at=3.0)
     rows = router.stats.table()
     assert [(r["class"], r["profile"], r["level"]) for r in rows] == [("<4k/prose@1", "max", 1)]
+
+
+def test_one_process_remembers_its_recent_concurrency() -> None:
+    settings = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0)
+    router = _one_process_router(settings)
+    backend = router.pool.get("m/one-copy")
+    assert backend is not None and backend.recent_load == 1.0
+    for n in range(3):
+        backend.in_flight = n  # n others decoding when each arrives
+        assert router.route("m", _features(f"s{n}"), exclude=()) is not None
+    assert 1.0 < backend.recent_load < 3.0
+    backend.in_flight = 0
+    idle = router.route("m", _features("later"), exclude=())
+    assert idle is not None and idle.level == 1  # decays: one busy moment is not a burst

@@ -348,7 +348,10 @@ class Router:
         sent_at: float,
         done_at: float,
         spec_delta: SpecCounters | None = None,
+        learn: bool = True,
     ) -> Observation:
+        """The request's observation; learned from unless ``learn`` is False (it ran at a
+        depth the client set itself, which is not its route's profile)."""
         self._caches.release(route.backend.name, route.cache_key)
         scale = self.settings.clock_scale
         if scale != 1.0:  # every clock reading is scaled: their differences scale alike
@@ -367,7 +370,7 @@ class Router:
             done_at=done_at,
             spec_delta=spec_delta,
         )
-        if not self.settings.learning:
+        if not self.settings.learning or not learn:
             return observation
         # The load over the request's life: the mean of the others in flight when it was sent
         # and when it ended (the lease is released by now, so in_flight counts only others).
