@@ -27,9 +27,13 @@ Policies:
   then replayed with each request pinned to its cell's winner. It is what a policy deciding from
   class and load alone can reach, up to the interactions between cells (a cell's choice changes
   the load and queueing others see) and run noise; it does not bound a policy that uses finer
-  information (a session's own acceptance, what arrives next) or mixes settings within a cell,
-  and on a pool it ignores where sessions' caches are (there its static runs had three backends
-  of one profile, the replay one of each);
+  information (a session's own acceptance, what arrives next) or mixes settings within a cell.
+  On one process the cells also interact through the shared step: a request at another depth
+  makes every decoding request pay the mixed-depth pass, so a cell that leaves the best static
+  setting can cost the others more than it gains. Not run on a pool unless asked for, and there
+  only with ``--static-pool shared``: with replicas its static runs had three backends of one
+  profile and the replay would put most requests on one backend of the off/min/max pool (on
+  the default trace that replay reached 0.32-0.53x the best static);
 - ``greedy``: each request pinned to the setting the simulator predicts fastest for it against
   the same cache and load state at its send (POST /sim/predict with each depth, or on each
   backend). It never gives up one request's speed for others' (it cannot see the requests
@@ -109,7 +113,7 @@ from bench.routing_trace import TraceRequest, read_trace, write_trace
 STATICS = tuple(STATIC_PREFIX + p for p in PROFILES)
 POLICIES = {
     "one-copy": (*STATICS, "adaptive", "hindsight", "greedy", POOL_ROW),
-    "pool": (*STATICS, "adaptive", "hindsight", "greedy"),
+    "pool": (*STATICS, "adaptive", "greedy"),  # hindsight: with --static-pool shared only
 }
 RELEARN_POLICIES = ("static:max", "rules", "adaptive", "greedy")
 RELEARN_COLLAPSE = "code=0.25"  # --acceptance-scale of the max profile in the re-learn run
@@ -343,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     routing = dict(_setting(item) for item in args.routing)
     extra: dict[str, list[str]] = {}
     topology = args.topology
+    if "hindsight" in policies and topology == "pool" and args.static_pool != "shared":
+        _parser().error("hindsight on a pool needs --static-pool shared (the same hardware)")
     if args.relearn:
         trace = trace_gen.shift_trace()
         policies = [p for p in policies if p in RELEARN_POLICIES] or list(RELEARN_POLICIES)

@@ -303,3 +303,12 @@ def test_benchmark_smoke_run(tmp_path: Path) -> None:
         if cell["pick"] != fallback:
             assert cell["pick"] == max(goodput, key=lambda p: goodput[p])
             assert goodput[cell["pick"]] >= 1.03 * goodput.get(fallback, 0.0)
+
+
+def test_hindsight_on_a_pool_needs_the_same_hardware(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.routing import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--topology", "pool", "--policies", "static:off,hindsight"])
+    assert exit_.value.code == 2
+    assert "--static-pool shared" in capsys.readouterr().err
