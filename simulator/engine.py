@@ -22,11 +22,15 @@ from simulator.metrics import Metrics
 from simulator.model import DraftSettings, Kind
 from simulator.presets import Preset
 from simulator.prompts import Prompt
-from simulator.slots import SlotPool, common_prefix
+from simulator.slots import Slot, SlotPool, common_prefix
 from simulator.textgen import OutputText, Passage
 from simulator.tokens import Tokenizer, content_kind
 
 _LATENT_KEY_CHARS = 2048  # the "first part" of a prompt that identifies its session
+# Acceptance drifts with context by well under 0.1 % per 32 tokens (ctx_half is 50k-250k), so a
+# request's drafting law is recomputed that often rather than at every step: steps are the
+# simulator's hot loop (thousands of streams in the load benchmarks).
+_LAW_REFRESH_TOKENS = 32
 
 
 class ContextTooLong(ValueError):
@@ -179,24 +183,14 @@ class Engine:
             await pacer.advance(t.prompt_ms)
             context = len(job.tokens)
             pool.start_decoding(slot, _depth(draft), 0.0)
+            law, law_context = None, 0
             while job.produced < job.limit:
+                if law is None or context - law_context >= _LAW_REFRESH_TOKENS:
+                    law, law_context = self._law(job, context), context
+                    self._publish_overhead(slot, law, job.draft, context)
                 concurrent = pool.n_decoding
-                law = model.drafter(
-                    preset, model.acceptance(preset, context, job.kind, job.latent), draft
-                )
-                expected = model.expected_step(law, draft).drafted
-                pool.set_overhead(
-                    slot, model.speculative_overhead(preset, draft, process, context, expected)
-                )
-                neighbours = model.Neighbours(
-                    count=concurrent - 1,
-                    overhead=max(0.0, pool.overhead_sum - slot.overhead),
-                    extra_depths=pool.n_depths - 1,
-                )
                 drafted, accepted = model.sample_step(job.rng, law, draft)
-                step = model.step_ms(
-                    preset, draft, context, drafted, concurrent, process, neighbours
-                )
+                step = self._step_ms(slot, draft, context, drafted)
                 t.predicted_ms += step
                 steps += 1
                 busy += concurrent
@@ -232,6 +226,30 @@ class Engine:
                 drafts=drafts,
                 per_pos=per_pos,
             )
+
+    def _law(self, job: Job, context: int) -> model.Drafter:
+        acceptance = model.acceptance(self.preset, context, job.kind, job.latent)
+        return model.drafter(self.preset, acceptance, job.draft)
+
+    def _publish_overhead(
+        self, slot: Slot, law: model.Drafter, draft: DraftSettings, context: int
+    ) -> None:
+        """Tell the pool what this request adds to the shared step (in an MTP process)."""
+        if self.draft.enabled:
+            drafting = model.expected_step(law, draft).drafted
+            overhead = model.speculative_overhead(self.preset, draft, self.draft, context, drafting)
+            self.pool.set_overhead(slot, overhead)
+
+    def _step_ms(self, slot: Slot, draft: DraftSettings, context: int, drafted: int) -> float:
+        """One step of this slot, shared with every slot decoding now (MODEL.md)."""
+        pool, process = self.pool, self.draft
+        neighbours = None  # no speculation in the process: nothing to share or mix
+        if process.enabled:
+            others = max(0.0, pool.overhead_sum - slot.overhead)
+            neighbours = model.Neighbours(pool.n_decoding - 1, others, pool.n_depths - 1)
+        return model.step_ms(
+            self.preset, draft, context, drafted, pool.n_decoding, process, neighbours
+        )
 
     def _neighbours(self, draft: DraftSettings) -> model.Neighbours:
         """The requests decoding now, as seen by one more at `draft`'s depth."""

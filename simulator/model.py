@@ -22,6 +22,7 @@ import random
 from dataclasses import dataclass
 from enum import StrEnum
 from statistics import NormalDist
+from typing import NamedTuple
 
 from simulator.presets import Preset
 
@@ -179,11 +180,10 @@ def base_step_ms(preset: Preset, process: DraftSettings, context_tokens: float) 
     return ms
 
 
-@dataclass(frozen=True)
-class Neighbours:
-    """What else decodes on the server during one request's step."""
+class Neighbours(NamedTuple):
+    """What else decodes on the server during one request's step (a tuple: made every step)."""
 
-    count: int  # other decoding requests
+    others: int  # other decoding requests
     overhead: float  # the sum of their speculative_overhead()
     extra_depths: int  # distinct draft depths among all decoding requests, minus one
 
@@ -234,7 +234,7 @@ def step_ms(
     if neighbours is None:
         mean, extra_depths = own, 0
     else:
-        mean = (own + neighbours.overhead) / (neighbours.count + 1)
+        mean = (own + neighbours.overhead) / (neighbours.others + 1)
         extra_depths = neighbours.extra_depths if process.enabled else 0
     cost += mean * concurrency_factor(preset, s) + preset.spec.mixed_depth_pass * extra_depths
     return base_step_ms(preset, process, context_tokens) * cost

@@ -290,3 +290,29 @@ async def test_slots_at_different_depths_share_one_step(http: aiohttp.ClientSess
         plain_beside_plain = await step_ms_beside(http, sim, 0, 0)
     assert plain_beside_drafting == pytest.approx(drafting_beside_plain, rel=0.05)
     assert plain_beside_drafting > 1.5 * plain_beside_plain
+
+
+async def test_native_completion_stream_shape(http: aiohttp.ClientSession, forced_sim: Sim) -> None:
+    body = {"prompt": PROMPT, "n_predict": 6, "stream": True, "speculative.n_max": 2}
+    events = await sse(http, forced_sim.url + "/completion", body)
+    chunks = [json.loads(data) for _, data in events]  # no "[DONE]" on llama-server's own API
+    assert [c["stop"] for c in chunks] == [False] * 6 + [True]
+    assert "".join(c["content"] for c in chunks[:-1])
+    final = chunks[-1]
+    assert final["tokens_predicted"] == 6 and final["stop_type"] == "limit"
+    assert final["timings"]["draft_n"] % 2 == 0 and "timings" not in chunks[0]
+
+
+async def test_sim_predict_sees_the_depths_decoding_now(http: aiohttp.ClientSession) -> None:
+    with simulator(*SETUP_B, *MAX3, "-np", "2") as sim:
+        body = {**GREETING, "max_tokens": 2000, "stream": True, "speculative.n_max": 3}
+        async with http.post(sim.url + "/v1/chat/completions", json=body) as running:
+            await running.content.readline()  # decoding at depth 3 now
+            ask = {**GREETING, "max_tokens": 64, "speculative.n_max": 2}
+            _, beside = await post(http, sim.url + "/sim/predict", ask)
+            _, uniform = await post(http, sim.url + "/sim/predict", {**ask, "concurrent": 2})
+            running.connection.transport.abort()  # type: ignore[union-attr]
+    assert beside["concurrent"] == uniform["concurrent"] == 2
+    # beside a depth-3 neighbour it pays for the mixed depths and the heavier neighbour,
+    # which a hypothetical load of two depth-2 requests does not
+    assert beside["decode_tok_s"] < 0.9 * uniform["decode_tok_s"]
