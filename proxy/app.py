@@ -129,7 +129,8 @@ async def _backend_pool(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         sdnotify.notify("STOPPING=1")
-        await supervisor.stop()
+        await supervisor.stop()  # waits for a reload under way (auto's fallback) to finish
+        await asyncio.gather(*state.replans, return_exceptions=True)
 
 
 def _track(state: ProxyState, changed: Backend) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import structlog
 
-from proxy.plan import backend_specs, describe_plan, plans_of
-from proxy.preflight import log_result, render, run_preflight
-from proxy.settings import ConfigError, Settings, load_settings
+from proxy.plan import backend_specs, describe_plan, initial_plan, plans_of
+from proxy.preflight import log_result, pool_fits, render, run_preflight
+from proxy.settings import ConfigError, ModelSettings, Settings, load_settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +65,8 @@ def _check_config(path: Path) -> int:
         aliases = f" (aliases: {', '.join(model.aliases)})" if model.aliases else ""
         print(f"model {model.name}{aliases}: {len(model.profiles)} profile(s)")
         print("\n".join(f"  {line}" for line in describe_plan(model, plans[model.name])))
+        if not plans[model.name].decided:
+            print(f"  {_fallback_memory(model)}")
         for spec in (s for s in specs if s.model == model.name):
             target = spec.url or " ".join([*spec.argv, "--host", "127.0.0.1", "--port", "<free>"])
             print(f"  {spec.name}: {target}")
@@ -73,6 +75,13 @@ def _check_config(path: Path) -> int:
     for warning in memory.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _fallback_memory(model: ModelSettings) -> str:
+    """What auto's fallback would need: the pool's memory against what is free."""
+    fits, note = pool_fits(model, initial_plan(model))
+    verdict = {True: "fits", False: "does not fit", None: "fit unknown"}[fits]
+    return f"the pool {verdict}: {note}"
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -26,11 +26,11 @@ from typing import Literal
 
 from proxy.settings import ModelSettings, ProfileSettings, Settings
 from supervisor.commandline import llama_server_argv, resolve_llama_server
+from supervisor.probe import DraftControl
 from supervisor.spec import BackendSpec
 
 Shape = Literal["one-process", "pool", "single"]
 ONE_COPY = "one-copy"  # the profile label (and name part) of a per-request backend
-ProbeResult = Literal["per-request", "ignored", "none"]  # supervisor.probe.DraftControl
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def initial_plan(model: ModelSettings) -> ModelPlan:
 
 
 def resolve_auto(
-    model: ModelSettings, probe: ProbeResult, pool_fits: bool | None, memory_note: str
+    model: ModelSettings, probe: DraftControl, pool_fits: bool | None, memory_note: str
 ) -> ModelPlan:
     """auto, once the first process's probe answered: keep it, or fall back."""
     if probe == "per-request":

@@ -22,7 +22,6 @@ import structlog
 from proxy.plan import (
     ONE_COPY,
     ModelPlan,
-    ProbeResult,
     backend_slots,
     backend_specs,
     describe_plan,
@@ -33,6 +32,7 @@ from proxy.routing.router import PerRequestModel
 from proxy.settings import ModelSettings
 from proxy.state import ProxyState
 from supervisor.backend import Backend
+from supervisor.probe import DraftControl
 from supervisor.states import BackendState
 
 log = structlog.get_logger("proxy.plan")
@@ -47,25 +47,30 @@ def apply_plans(state: ProxyState) -> None:
     }
 
 
-def draft_control_of(backend: Backend) -> str | None:
-    """The backend's probe verdict (`supervisor.probe.DraftControl`), None until probed."""
-    value = getattr(backend, "draft_control", None)
-    return value if isinstance(value, str) else None
-
-
 def on_ready(state: ProxyState, backend: Backend) -> None:
     """A backend turned READY: settle its model's plan if auto was waiting for this probe."""
     plan = state.plans.get(backend.spec.model)
-    if plan is None or plan.decided or not plan.per_request:
+    if plan is None or not plan.per_request:
+        return
+    if plan.decided:
+        if backend.draft_control != "per-request":  # draft_control per-request, set by hand
+            log.warning(
+                "depth_not_honoured",
+                model=plan.model,
+                backend=backend.name,
+                draft_control=backend.draft_control,
+                probe_reason=backend.draft_control_reason,
+                message="draft_control is per-request but this backend ignores "
+                "speculative.n_max: every request runs at its start-up depth",
+            )
         return
     model = next(m for m in state.settings.models if m.name == plan.model)
-    verdict = draft_control_of(backend)
-    reason = getattr(backend, "draft_control_reason", None)
+    verdict, reason = backend.draft_control, backend.draft_control_reason
     if verdict == "per-request":
         state.plans[model.name] = resolve_auto(model, "per-request", None, "")
         log.info("plan", model=model.name, shape="one-process", why=state.plans[model.name].reason)
         return
-    probe: ProbeResult = "none" if verdict == "none" else "ignored"
+    probe: DraftControl = "none" if verdict == "none" else "ignored"  # unprobed: not honoured
     log.warning(
         "plan_fallback",
         model=model.name,
@@ -77,9 +82,12 @@ def on_ready(state: ProxyState, backend: Backend) -> None:
     state.replanning.add(model.name)
     del state.router.per_request[model.name]  # until replaced: served as it runs
     state.plans[model.name] = replace(plan, decided=True)
+    # Not a background task the shutdown cancels: cancelled inside Supervisor.reload it would
+    # leave a backend half stopped. Supervisor.stop waits for the reload instead (its lock),
+    # and the app awaits this task after stopping the supervisor.
     task = asyncio.get_running_loop().create_task(_fall_back(state, model, plan, probe))
-    state.background.add(task)
-    task.add_done_callback(state.background.discard)
+    state.replans.add(task)
+    task.add_done_callback(state.replans.discard)
 
 
 def on_replaced(state: ProxyState, backend: Backend) -> None:
@@ -89,7 +97,7 @@ def on_replaced(state: ProxyState, backend: Backend) -> None:
 
 
 async def _fall_back(
-    state: ProxyState, model: ModelSettings, running: ModelPlan, probe: ProbeResult
+    state: ProxyState, model: ModelSettings, running: ModelPlan, probe: DraftControl
 ) -> None:
     fits, note = await asyncio.to_thread(pool_fits, model, running)
     plan = resolve_auto(model, probe, fits, note)

@@ -72,6 +72,8 @@ class ProxyState:
     """How each model is served now (proxy.plan); auto's settles at its first probe."""
     replanning: set[str] = field(default_factory=set)
     """Models whose processes are being replaced by another shape: their requests wait."""
+    replans: set[asyncio.Task[None]] = field(default_factory=set)
+    """Those replacements (proxy.replan), awaited after the supervisor stopped."""
     started_at: float = field(default_factory=time.time)
     spec_counters: SpecCounterTracker = field(default_factory=SpecCounterTracker)
     background: set[asyncio.Task[None]] = field(default_factory=set)

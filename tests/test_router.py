@@ -6,8 +6,9 @@ import random
 
 from proxy.pool import BackendPool
 from proxy.routing.features import RequestFeatures
-from proxy.routing.router import PerRequestModel, Route, Router, SlotCaches
+from proxy.routing.router import PerRequestModel, Route, Router
 from proxy.routing.settings import RoutingSettings
+from proxy.routing.slot_caches import SlotCaches
 from proxy.routing.telemetry import ParsedUsage
 from supervisor.spec import BackendSpec
 from supervisor.states import BackendState
