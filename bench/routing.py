@@ -194,16 +194,23 @@ def run_policy(
         wall = asyncio.run(replay())
         if progress:
             print(file=sys.stderr)
-        _flush(proxy)
-        classes = _classes(proxy)
+        classes = _classes_of(proxy, len(replayer.outcomes) + len(replayer.errors))
     finally:
         proxy.stop()
     return PolicyRun(policy, cfg.time_scale, replayer.outcomes, replayer.errors, wall, classes)
 
 
-def _flush(proxy: ProxyProcess) -> None:
-    """Have the proxy write its deferred log lines (GET /admin/routing flushes them first)."""
-    proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
+def _classes_of(proxy: ProxyProcess, sent: int, timeout: float = 5.0) -> dict[int, str]:
+    """The classes of all ``sent`` requests from the proxy's log. A request's line is written
+    after its answer has gone out (deferred bookkeeping, flushed by GET /admin/routing), which
+    can be a moment after the client read its last byte: poll until every one is there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
+        classes = _classes(proxy)
+        if len(classes) >= sent or time.monotonic() > deadline:
+            return classes
+        time.sleep(0.05)
 
 
 def _classes(proxy: ProxyProcess) -> dict[int, str]:
