@@ -207,21 +207,24 @@ def _cell(first: int, load: int, out: int, lat: float) -> list[tuple[int, int, i
 
 async def test_the_reference_takes_per_class_and_load_the_best_static_in_hindsight() -> None:
     classes = dict.fromkeys(range(6), "<4k/prose") | dict.fromkeys(range(6, 13), "64k+/code")
-    # max wins short prose alone by 2x; off wins short prose under load by 1.5x and long code
+    # max wins short prose alone by 1.5x; off wins short prose under load by 1.75x and long code
     # alone by 4 %; at load 2-3 long code is a tie within 3 %; request 12 is a cell of one
-    off = _cell(0, 1, 100, 4.0) + _cell(3, 4, 100, 2.0) + _cell(6, 1, 100, 5.0)
+    off = _cell(0, 1, 100, 3.0) + _cell(3, 4, 100, 2.0) + _cell(6, 1, 100, 5.0)
     off += [(9, 2, 100, 1.0), (10, 2, 100, 1.0), (11, 3, 100, 1.0), (12, 4, 100, 1.0)]
-    max_ = _cell(0, 1, 100, 2.0) + _cell(3, 4, 100, 3.0) + _cell(6, 1, 100, 5.2)
+    max_ = _cell(0, 1, 100, 2.0) + _cell(3, 4, 100, 3.5) + _cell(6, 1, 100, 5.2)
     long_code_busy = [(9, 2, 100, 0.98), (10, 3, 100, 0.98), (11, 3, 100, 0.98)]
-    runs = {"off": _run("off", off), "max": _run("max", [*max_, *long_code_busy, (12, 4, 100, 9)])}
+    runs = {
+        "off": _run("off", off),
+        "max": _run("max", [*max_, *long_code_busy, (12, 4, 100, 0.5)]),
+    }
     ref = hindsight(runs, classes)
-    assert ref.fallback == "off"  # 1300 tokens in 28 s against 1300 in 39.5 s
+    assert ref.fallback == "off"  # 1300 tokens in 34 s against 1300 in 35.94 s
     assert ref.table == {
         ("<4k/prose", "1"): "max",
         ("<4k/prose", "4+"): "off",
         ("64k+/code", "1"): "off",
         ("64k+/code", "2-3"): "off",  # max is 2 % better there: not clearly
-        ("64k+/code", "4+"): "off",  # one request in each run: noise
+        ("64k+/code", "4+"): "off",  # max 11 % better, but one request in each run: noise
     }
     assert hindsight(runs, classes) == ref  # a function of the static runs: repeatable
     pin = HindsightPin(ref, classes)
