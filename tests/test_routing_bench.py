@@ -116,6 +116,11 @@ def test_concurrent_trace_has_agents_fanning_out_beside_chats() -> None:
     assert sorted(len(f) for f in fanouts) == [2, 3, 4]
     for fan in fanouts:
         assert any(first[p] <= fan[0] < last[p] for p in parents)
+    # every harness's title request (a one-shot of 64 tokens) goes beside its agent's first turn
+    titles = [r.at for r in groups[None] if r.body.get("max_tokens") == 64]
+    agents = [at for s, at in first.items() if s.startswith("agent-")]
+    assert len(titles) == len(agents) == 4
+    assert all(any(0 <= t - at < 1.0 for t in titles) for at in agents)
     # short chats and one-shots throughout; the load (sessions and requests under way, by their
     # nominal times) rises to 5+ and falls back to 1 or less
     assert sum(1 for s in first if s.startswith("chat")) >= 10
