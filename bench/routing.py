@@ -24,10 +24,11 @@ Policies:
 - ``adaptive``: the proxy's default policy;
 - ``hindsight``: the best setting in hindsight per request class and load level
   (bench/routing_reference.py): built from the three static runs (run whether listed or not),
-  then replayed with each request pinned to its cell's winner. It is what a policy deciding from
-  class and load alone can reach, up to the interactions between cells (a cell's choice changes
-  the load and queueing others see) and run noise; it does not bound a policy that uses finer
-  information (a session's own acceptance, what arrives next) or mixes settings within a cell.
+  then replayed with each request pinned to its cell's winner. It estimates the best a policy
+  deciding from class and load alone can reach, up to the interactions between cells (a cell's
+  choice changes the load and queueing others see) and run noise; it does not bound a policy
+  that uses finer information (a session's own acceptance, what arrives next) or mixes settings
+  within a cell.
   On one process the cells also interact through the shared step: a request at another depth
   makes every decoding request pay the mixed-depth pass, so a cell that leaves the best static
   setting can cost the others more than it gains. Not run on a pool unless asked for, and there
@@ -60,7 +61,9 @@ The default time scale (20) replays the default trace (~800 simulated seconds) i
 policy. Wall-clock noise (other processes on the machine) enters the latencies multiplied by
 the time scale, and it decides races (which request reaches a backend first) that then change
 the routing: at 40 two runs on a shared 2-core machine differed by up to 10 % in goodput, at 20
-by under 0.1 %. ``--repeat N`` prints the largest difference between runs, per ratio and per
+by under 0.1 % on a quiet machine; with four benchmarks at once, three runs of the concurrent
+trace (one-copy, setup-b) differed by under 1 % for adaptive and hindsight and by 4 % for depth
+0 and greedy. ``--repeat N`` prints the largest difference between runs, per ratio and per
 policy.
 
 ``--relearn`` replays the "shift" trace (short chats whose content turns from prose to code
