@@ -1,4 +1,4 @@
-"""`mtp-proxy` command line: serve, check-config, status."""
+"""`mtp-proxy` command line: serve, check-config, status, tune."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
 
         status: int = print_status(args.url, args.admin_key)
         return status
+    if command == "tune":
+        from proxy.tune.command import run as tune
+
+        return tune(args)
     return _serve(args)
 
 
@@ -40,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="show backends and the learned routing table")
     status.add_argument("--url", default="http://127.0.0.1:8080")
     status.add_argument("--admin-key", default=None, help="or set MTP_PROXY_ADMIN_KEY")
+    from proxy.tune.command import add_parser as add_tune
+
+    add_tune(commands)
     return parser
 
 
