@@ -74,6 +74,7 @@ def _check_config(path: Path) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from proxy.app import serve
+    from proxy.connections import ListenError
     from proxy.logs import configure_logging
 
     settings = _load_or_exit(args.config)
@@ -84,7 +85,11 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log.level, settings.log.format, secrets=_secrets(settings))
     # Before the event loop: the check may wait for nvidia-smi.
     log_result(run_preflight(settings), structlog.get_logger("proxy.preflight"))
-    _run(serve(settings, config_path=args.config))
+    try:
+        _run(serve(settings, config_path=args.config))
+    except ListenError as exc:
+        print(f"mtp-proxy: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
