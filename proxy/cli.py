@@ -10,7 +10,15 @@ from pathlib import Path
 import structlog
 
 from proxy.preflight import log_result, render, run_preflight
-from proxy.settings import ConfigError, Settings, backend_specs, load_settings
+from proxy.settings import (
+    ConfigError,
+    Settings,
+    backend_specs,
+    backend_specs_of,
+    load_settings,
+)
+from supervisor.commandline import LlamaServerNotFoundError
+from supervisor.spec import BackendSpec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,13 +58,25 @@ def _load_or_exit(path: Path | None) -> Settings:
         raise SystemExit(2) from None
 
 
+def _backends_or_exit(settings: Settings, source: str) -> list[BackendSpec]:
+    """Every backend's command line; exit 2 listing every profile that has none (a missing
+    or non-executable binary, a flag the supervisor owns), as for an invalid file."""
+    problems = []
+    for m, model in enumerate(settings.models):
+        for p, profile in enumerate(model.profiles):
+            try:
+                backend_specs_of(model, profile)
+            except (LlamaServerNotFoundError, OSError, ValueError) as exc:
+                problems.append(f"models.{m}.profiles.{p} ({model.name}/{profile.name}): {exc}")
+    if problems:
+        print(ConfigError(source, problems).render(), file=sys.stderr)
+        raise SystemExit(2)
+    return backend_specs(settings)
+
+
 def _check_config(path: Path) -> int:
     settings = _load_or_exit(path)
-    try:
-        specs = backend_specs(settings)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"invalid configuration {path}:\n  - {exc}", file=sys.stderr)
-        return 2
+    specs = _backends_or_exit(settings, str(path))
     print(f"{path}: OK")
     print(f"listen: {settings.server.host}:{settings.server.port}")
     for model in settings.models:
@@ -78,6 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.logs import configure_logging
 
     settings = _load_or_exit(args.config)
+    _backends_or_exit(settings, str(args.config or "<embedded default>"))
     if args.host is not None:
         settings.server.host = args.host
     if args.port is not None:

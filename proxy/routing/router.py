@@ -144,7 +144,8 @@ class Router:
         self.pool = pool
         self.stats = stats or LearnedStats(settings)
         self._rng = rng or random.Random(settings.seed)
-        self._sessions: dict[str, tuple[str, float]] = {}  # key -> (backend, last used)
+        # key -> (backend, last used), least recently used first; at most max_sessions.
+        self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._caches = SlotCaches()
         self.mix: Counter[tuple[str, str, str]] = Counter()  # (model, profile, reason)
 
@@ -196,7 +197,7 @@ class Router:
         if backend is None:
             return None
         if features.session_key is not None:
-            self._sessions[features.session_key] = (backend.name, time.monotonic())
+            self._remember(features.session_key, backend.name)
         key = self._caches.use(
             backend.name, features.session_key, features.est_prompt_tokens, backend.slots
         )
@@ -205,6 +206,13 @@ class Router:
         return Route(
             backend, decision.profile, decision.reason, decision.detail, cls, backend.in_flight, key
         )
+
+    def _remember(self, session_key: str, backend: str) -> None:
+        sessions = self._sessions
+        sessions[session_key] = (backend, time.monotonic())
+        sessions.move_to_end(session_key)
+        while len(sessions) > self.settings.max_sessions:
+            sessions.popitem(last=False)
 
     def _draws(self, features: RequestFeatures) -> random.Random:
         """The random source of one decision. Seeded: drawn from the seed and the request's own
