@@ -478,15 +478,15 @@ def test_one_request_moves_the_shared_ratio_by_at_most_one_percent() -> None:
 
 
 def test_template_tokens_of_many_tiny_messages_count_in_the_estimate() -> None:
-    """10,000 one-character messages are ~60,000 tokens with their chat template: estimated so,
-    and they teach the calibrator nothing (their text is ~4 tokens once the template is off)."""
+    """10,000 one-character messages are ~60,000 tokens with their chat template: estimated so
+    (it was 2,857), and ten of them move the shared ratio under 10% (it was 3.5 -> 1.59)."""
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}] * 10_000}
     f = feats("chat", body, cpt=3.5)
     assert f.est_prompt_tokens == pytest.approx(60_004, rel=0.15)  # was 2,857
     cal = TokenCalibrator(default=3.5, half_life=20)
     for _ in range(10):
         cal.observe(f, context_tokens=60_004)
-    assert cal.chars_per_token("m") == 3.5
+    assert cal.chars_per_token("m") >= 3.5 / 1.01**10
 
 
 def test_calibrator_subtracts_known_parts() -> None:
