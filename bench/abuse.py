@@ -28,6 +28,7 @@ import json
 import multiprocessing
 import socket
 import statistics
+import struct
 import tempfile
 import threading
 import time
@@ -102,10 +103,19 @@ def keyed_latencies(url: str, key: str, n: int) -> Latency:
 
 
 def gzip_bomb(inflated: int) -> bytes:
-    """A gzip body of `inflated` zero bytes: one 1 MiB member (~1 kB) repeated (valid gzip)."""
-    packer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
-    member = packer.compress(bytes(1 << 20)) + packer.flush()
-    return member * max(inflated >> 20, 1)
+    """One valid gzip member of `inflated` zero bytes (2 GiB -> ~2 MB): the same 1 MiB deflate
+    block repeated (a full flush makes each block independent of the ones before)."""
+    mib = 1 << 20
+    zeros = bytes(mib)
+    packer = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    block = packer.compress(zeros) + packer.flush(zlib.Z_FULL_FLUSH)
+    count = max(inflated // mib, 1)
+    crc = 0
+    for _ in range(count):
+        crc = zlib.crc32(zeros, crc)
+    last = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS).flush()  # an empty final block
+    head = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+    return head + block * count + last + struct.pack("<II", crc, (count * mib) & 0xFFFFFFFF)
 
 
 def _bomb(url: str, inflated: int, interval_s: float) -> Callable[[], int]:
