@@ -10,7 +10,8 @@ client's non-stream chat, one request at a time, p50 and p99:
   one every `--bomb-interval` seconds each (40 a second by default: the issue saw four bombs
   push a keyed chat from 44 ms to 8 s);
 - pinned flood: `--pinned` threads sending keyed requests pinned to one profile, back to back
-  (they queue like any request and get 429 past the queue);
+  (they queue like any request and get 429 past the queue; a refused one waits 0.5 s, as
+  SDK clients back off, before the next);
 
 and prints each with its ratio to quiet, so releases can be compared side by side.
 
@@ -130,6 +131,9 @@ def _bomb(url: str, inflated: int, interval_s: float) -> Callable[[], int]:
     return send
 
 
+_RETRY_AFTER_429_S = 0.5  # as SDK clients do (they back off on 429), not a tight loop
+
+
 def _pinned(url: str, key: str, profile: str) -> Callable[[], int]:
     body = json.dumps({**_CHAT, "max_tokens": 64}).encode()
     headers = {
@@ -137,14 +141,21 @@ def _pinned(url: str, key: str, profile: str) -> Callable[[], int]:
         "Content-Type": "application/json",
         "X-MTP-Profile": profile,
     }
-    return lambda: _post(url, body, headers, timeout=120)
+
+    def send() -> int:
+        status = _post(url, body, headers, timeout=120)
+        if status == 429:
+            time.sleep(_RETRY_AFTER_429_S)
+        return status
+
+    return send
 
 
 _ACTIONS: dict[str, Callable[..., Callable[[], int]]] = {"bomb": _bomb, "pinned": _pinned}
 
 
 def _abuse_process(
-    kind: str, params: tuple[Any, ...], threads: int, stop: Any, results: Any
+    kind: str, params: tuple[Any, ...], threads: int, ready: Any, stop: Any, results: Any
 ) -> None:
     """In a process of its own (the measuring client must not share a GIL with the abusers):
     `threads` threads repeat one action until `stop` is set, then the answers are reported."""
@@ -164,6 +175,7 @@ def _abuse_process(
     workers = [threading.Thread(target=loop, daemon=True) for _ in range(threads)]
     for worker in workers:
         worker.start()
+    ready.set()
     stop.wait()
     for worker in workers:
         worker.join(60)
@@ -173,13 +185,15 @@ def _abuse_process(
 @contextlib.contextmanager
 def _abuse(kind: str, params: tuple[Any, ...], threads: int) -> Iterator[dict[int, int]]:
     context = multiprocessing.get_context("spawn")
-    stop, results = context.Event(), context.Queue()
+    ready, stop, results = context.Event(), context.Event(), context.Queue()
     process = context.Process(
-        target=_abuse_process, args=(kind, params, threads, stop, results), daemon=True
+        target=_abuse_process, args=(kind, params, threads, ready, stop, results), daemon=True
     )
     process.start()
     answers: dict[int, int] = {}
     try:
+        if not ready.wait(120):
+            raise RuntimeError(f"the {kind} abusers did not start")
         yield answers
     finally:
         stop.set()

@@ -57,7 +57,7 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
     except BodyRefused as refused:
         response = refuse(request, api, refused.status, refused.message, received)
         if refused.status in (400, 408):  # the connection's framing or client is broken
-            await _answer_and_close(request, response)
+            await answer_and_close(request, response)
         return response
     if state.request_log.is_enabled_for(logging.DEBUG):
         request_logger(request, api).debug(
@@ -74,8 +74,9 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
     return await exchange.run()
 
 
-async def _answer_and_close(request: web.Request, response: web.Response) -> None:
-    # aiohttp would otherwise keep reading the rest of the body for up to 10 s (lingering).
+async def answer_and_close(request: web.Request, response: web.Response) -> None:
+    """Send `response` now and close the connection: aiohttp would otherwise keep reading
+    the rest of the body for up to 10 s (lingering)."""
     response.force_close()
     with contextlib.suppress(ConnectionError):
         await response.prepare(request)
