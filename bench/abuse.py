@@ -103,25 +103,28 @@ def keyed_latencies(url: str, key: str, n: int) -> Latency:
     )
 
 
-def gzip_bomb(inflated: int) -> bytes:
+def gzip_bomb(inflated: int, *, checksum: bool = True) -> bytes:
     """One valid gzip member of `inflated` zero bytes (2 GiB -> ~2 MB): the same 1 MiB deflate
-    block repeated (a full flush makes each block independent of the ones before)."""
+    block repeated (a full flush makes each block independent of the ones before). Without
+    `checksum` the trailer's CRC is left 0 (fast to make; only a complete inflate checks it)."""
     mib = 1 << 20
     zeros = bytes(mib)
     packer = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
     block = packer.compress(zeros) + packer.flush(zlib.Z_FULL_FLUSH)
     count = max(inflated // mib, 1)
     crc = 0
-    for _ in range(count):
+    for _ in range(count if checksum else 0):
         crc = zlib.crc32(zeros, crc)
     last = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS).flush()  # an empty final block
     head = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
     return head + block * count + last + struct.pack("<II", crc, (count * mib) & 0xFFFFFFFF)
 
 
-def _bomb(url: str, inflated: int, interval_s: float) -> Callable[[], int]:
-    bomb = gzip_bomb(inflated)
+def _bomb(url: str, inflated: int, interval_s: float, key: str | None) -> Callable[[], int]:
+    bomb = gzip_bomb(inflated, checksum=False)
     headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
 
     def send() -> int:
         status = _post(url, bomb, headers)
@@ -202,12 +205,16 @@ def _abuse(kind: str, params: tuple[Any, ...], threads: int) -> Iterator[dict[in
 
 
 def bomb_flood(
-    url: str, workers: int, interval_s: float = 0.1, inflated: int = 2 << 30
+    url: str,
+    workers: int,
+    interval_s: float = 0.1,
+    inflated: int = 2 << 30,
+    key: str | None = None,
 ) -> contextlib.AbstractContextManager[dict[int, int]]:
-    """Unauthenticated gzip bombs from `workers` threads (another process), each sending one
-    every `interval_s` (0: back to back, which measures the machine's loopback bandwidth more
-    than the proxy: 2 MB per bomb)."""
-    return _abuse("bomb", (url, inflated, interval_s), workers)
+    """gzip bombs from `workers` threads (another process), each sending one every
+    `interval_s` (0: back to back, which measures the machine's loopback bandwidth more than
+    the proxy: 2 MB per bomb); unauthenticated unless `key` is given."""
+    return _abuse("bomb", (url, inflated, interval_s, key), workers)
 
 
 def pinned_flood(

@@ -8,8 +8,8 @@ bodies whole on the event loop, even for requests answered 401 or 413.
 - More than `max_bytes` on the wire, or once inflated: 413.
 - A broken chunked framing or a body shorter than its Content-Length: 400.
 - `Content-Encoding: gzip` is inflated in bounded steps in a worker thread (zlib releases the
-  GIL) and forwarded as plain bytes, the header removed (proxy.forward); a body that is not
-  valid gzip is a 400; any other encoding is a 415.
+  GIL), one body at a time, and forwarded as plain bytes, the header removed (proxy.forward);
+  a body that is not valid gzip is a 400; any other encoding is a 415.
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ class BodyRefused(Exception):
         self.message = message
 
 
-async def read_body(request: web.Request, *, max_bytes: int, timeout_s: float) -> bytes:
-    """The request's body as plain bytes, or BodyRefused."""
+async def read_body(
+    request: web.Request, *, max_bytes: int, timeout_s: float, inflating: asyncio.Semaphore
+) -> bytes:
+    """The request's body as plain bytes, or BodyRefused. `inflating` bounds the gzip bodies
+    inflated at once (one core's worth: the event loop keeps the other)."""
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in _PLAIN and encoding not in _GZIP:
         raise BodyRefused(415, f"Content-Encoding {encoding[:50]!r} is not supported; use gzip")
@@ -44,7 +47,8 @@ async def read_body(request: web.Request, *, max_bytes: int, timeout_s: float) -
         raise BodyRefused(413, f"request body exceeds {max_bytes} bytes")
     raw = await _read_raw(request, max_bytes, timeout_s)
     if encoding in _GZIP:
-        return await asyncio.to_thread(inflate_gzip, raw, max_bytes)
+        async with inflating:
+            return await asyncio.to_thread(inflate_gzip, raw, max_bytes)
     return raw
 
 

@@ -52,7 +52,10 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
     server = state.settings.server
     try:
         raw = await read_body(
-            request, max_bytes=server.max_body_bytes, timeout_s=server.body_timeout_s
+            request,
+            max_bytes=server.max_body_bytes,
+            timeout_s=server.body_timeout_s,
+            inflating=state.inflating,
         )
     except BodyRefused as refused:
         response = refuse(request, api, refused.status, refused.message, received)
