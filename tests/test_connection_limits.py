@@ -139,3 +139,18 @@ def test_a_malformed_chunk_mid_body_gets_400_and_a_log_line(limited: ProxyProces
         if line.get("event") == "request" and "malformed request body" in str(line.get("error"))
     ]
     assert lines and lines[-1]["status"] == 400
+
+
+def test_past_the_cap_with_every_connection_busy_a_new_one_gets_503(limited: ProxyProcess) -> None:
+    busy = [connect(limited.port) for _ in range(CAP)]
+    try:
+        for sock in busy:  # each one's handler waits for the rest of its body
+            sock.sendall(head(CHAT, KEY, Content_Length=100) + b'{"model":')
+        time.sleep(0.3)
+        with connect(limited.port) as late:
+            data, took, closed = read_until_closed(late)
+        assert final_status(data) == 503 and closed and took < 0.5
+        assert json_body(data)["error"]["message"] == "too many open connections"
+    finally:
+        for sock in busy:
+            sock.close()

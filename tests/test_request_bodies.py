@@ -19,7 +19,15 @@ import pytest
 from bench.abuse import bomb_flood, gzip_bomb, keyed_latencies
 from tests.harness import ADMIN_KEY, ProxyProcess, proxy_config, running_proxy, simulator_model
 from tests.misbehaving_backend import running_backend
-from tests.rawhttp import chat_body, connect, final_status, json_body, read_until_closed, request
+from tests.rawhttp import (
+    chat_body,
+    connect,
+    final_status,
+    head,
+    json_body,
+    read_until_closed,
+    request,
+)
 
 KEY = "sk-bodies-0123456789"
 MAX_BODY = 1 << 20  # 1 MiB: a bomb is stopped within a step of it
@@ -155,3 +163,12 @@ def test_a_keyed_chat_stays_fast_while_unauthenticated_bombs_arrive(proxy: Proxy
         loud = keyed_latencies(proxy.url, KEY, 30)
     assert answers.get(401, 0) >= 20, answers  # they did arrive, and were refused
     assert loud.p50 <= 2 * quiet.p50, (quiet, loud)
+
+
+def test_an_unauthenticated_large_body_is_answered_401_and_not_read(proxy: ProxyProcess) -> None:
+    """aiohttp would read (and drop) the rest for up to 10 s; the proxy answers and closes."""
+    with connect(proxy.port) as sock:
+        sock.sendall(head(CHAT, None, Content_Length=50_000_000) + b"x" * 100_000)
+        data, took, closed = read_until_closed(sock)
+    assert final_status(data) == 401 and closed
+    assert took < 2.0
