@@ -28,14 +28,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import cast
 
-import structlog
-from aiohttp import web
+from aiohttp import web, web_protocol
 from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.typedefs import Handler
-from aiohttp.web_protocol import _ErrInfo
 from prometheus_client import CollectorRegistry, Counter, Gauge
-
-log = structlog.get_logger("proxy.connections")
 
 _REFUSED_BODY = (
     b'{"error": {"message": "too many open connections", "type": "unavailable_error", '
@@ -48,6 +44,9 @@ _REFUSED = (
 )
 _HALF_CLOSE_GRACE_S = 1.0  # a half-closed connection with no request handled by then is closed
 _MIN_CAP = 16
+# How aiohttp's request handler queues a parse error (private: if a release renames it, a broken
+# chunk is answered by the body read deadline, 408, instead of at once, 400).
+_PARSE_ERROR: type | None = getattr(web_protocol, "_ErrInfo", None)
 _PROBE_CHECK_S = 0.05  # a reset from loopback or a LAN is back by then; the sweep checks on
 
 
@@ -188,8 +187,9 @@ class ConnectionGuard:
         if connection is None or connection.request is None or not messages:
             return
         error = messages[-1][0]
-        if isinstance(error, _ErrInfo):
-            connection.request.content.set_exception(BadHttpMessage(error.message))
+        if _PARSE_ERROR is not None and isinstance(error, _PARSE_ERROR):
+            message = str(getattr(error, "message", "broken framing"))
+            connection.request.content.set_exception(BadHttpMessage(message))
 
     def _probe(self, connection: _Connection) -> None:
         """A FIN looks the same whether the client only stopped sending (SHUT_WR) or left.
