@@ -44,6 +44,7 @@ _REFUSED = (
 )
 _HALF_CLOSE_GRACE_S = 1.0  # a half-closed connection with no request handled by then is closed
 _MIN_CAP = 16
+CLOSE_CAUSES = ("header_timeout", "over_cap_idlest", "over_cap_refused", "half_closed")
 # How aiohttp's request handler queues a parse error (private: if a release renames it, a broken
 # chunk is answered by the body read deadline, 408, instead of at once, 400).
 _PARSE_ERROR: type | None = getattr(web_protocol, "_ErrInfo", None)
@@ -109,12 +110,12 @@ class ConnectionGuard:
         self._probed: dict[asyncio.Transport, _Connection] = {}
         self._closed = Counter(
             "mtp_proxy_client_connections_closed",
-            "Client connections the proxy closed or refused, by reason.",
-            ["reason"],
+            "Client connections the proxy closed or refused, by cause.",
+            ["cause"],
             registry=registry,
         )
-        for reason in ("header_timeout", "over_cap_idlest", "over_cap_refused", "half_closed"):
-            self._closed.labels(reason)
+        for cause in CLOSE_CAUSES:
+            self._closed.labels(cause)
         gauge = Gauge(
             "mtp_proxy_client_connections",
             "Client connections open now.",

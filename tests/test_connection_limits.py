@@ -91,16 +91,14 @@ def test_a_stalled_body_gets_408_and_the_connection_closes(limited: ProxyProcess
 def test_past_the_cap_the_idlest_connections_are_closed_and_clients_still_served(
     limited: ProxyProcess,
 ) -> None:
-    before = metric(
-        limited, "mtp_proxy_client_connections_closed_total", 'reason="over_cap_idlest"'
-    )
+    before = metric(limited, "mtp_proxy_client_connections_closed_total", 'cause="over_cap_idlest"')
     idle = [connect(limited.port) for _ in range(CAP + 10)]
     try:
         time.sleep(0.3)
         assert keyed_chat(limited) == 200  # the oldest idle ones made room
         assert metric(limited, "mtp_proxy_client_connections") <= CAP
         closed = metric(
-            limited, "mtp_proxy_client_connections_closed_total", 'reason="over_cap_idlest"'
+            limited, "mtp_proxy_client_connections_closed_total", 'cause="over_cap_idlest"'
         )
         assert closed - before >= 10
         first = idle[0]
