@@ -7,6 +7,10 @@ they are refused with 429 so clients back off instead of piling up.
 
 Fairness: capacity freed by a finished request is handed to the oldest waiter, never to a request
 that arrives in the meantime, so a later request cannot overtake an earlier one.
+
+A request pinned to a profile (X-MTP-Profile) waits the same way, in a lane of its own per
+(model, profile) with the same limits: it needs a slot of that profile, and must not hold up the
+model's other requests while it waits for one.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+_LANE = "\x00"  # model + _LANE + profile: a pinned lane's key (no model name holds a NUL)
 
 
 class QueueRefused(Exception):
@@ -38,12 +44,16 @@ class Admission:
         self._queues: dict[str, _ModelQueue] = {}
 
     def queued(self, model: str) -> int:
-        queue = self._queues.get(model)
-        return len(queue.waiters) if queue else 0
+        return sum(len(queue.waiters) for queue in self._lanes(model))
 
-    async def admit(self, model: str, has_capacity: Callable[[], bool]) -> None:
-        """Return when the request may be routed; raise QueueRefused when it may not."""
-        queue = self._queues.setdefault(model, _ModelQueue())
+    async def admit(
+        self, model: str, has_capacity: Callable[[], bool], lane: str | None = None
+    ) -> None:
+        """Return when the request may be routed; raise QueueRefused when it may not.
+
+        `lane`: the profile a request is pinned to (its own queue), None for the model's."""
+        key = model if lane is None else f"{model}{_LANE}{lane}"
+        queue = self._queues.setdefault(key, _ModelQueue())
         if not queue.waiters and not queue.handoffs and has_capacity():
             return
         if len(queue.waiters) >= self.max_queue:
@@ -72,13 +82,16 @@ class Admission:
             queue.waiters.appendleft(waiter)
 
     def notify(self, model: str, free_slots: int) -> None:
-        """`free_slots` slots of `model` are free now: wake that many waiters, oldest first."""
-        queue = self._queues.get(model)
-        if queue is None:
-            return
-        for _ in range(free_slots - queue.handoffs):
-            if not self._pass_on(queue):
-                return
+        """`free_slots` slots of `model` are free now: wake that many waiters, oldest first, in
+        each lane (a woken pinned waiter whose profile is still full goes back to the front)."""
+        for queue in self._lanes(model):
+            for _ in range(free_slots - queue.handoffs):
+                if not self._pass_on(queue):
+                    break
+
+    def _lanes(self, model: str) -> list[_ModelQueue]:
+        prefix = model + _LANE
+        return [q for key, q in self._queues.items() if key == model or key.startswith(prefix)]
 
     def _abandon(self, queue: _ModelQueue, waiter: asyncio.Future[None]) -> None:
         if waiter in queue.waiters:

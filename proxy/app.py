@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import signal
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -22,6 +23,14 @@ from prometheus_client import CollectorRegistry
 from proxy import admin, handlers, sdnotify
 from proxy.admission import Admission
 from proxy.collectors import PoolCollector
+from proxy.connections import (
+    CONNECTIONS,
+    ConnectionGuard,
+    GuardedSite,
+    bind_listener,
+    connection_cap,
+    track_requests,
+)
 from proxy.drain import REQUESTS, RequestCount, count_requests, drain
 from proxy.forward import Timeouts
 from proxy.metrics import ProxyMetrics
@@ -43,6 +52,7 @@ log = structlog.get_logger("proxy")
 
 ShutdownTrigger = Callable[[], Awaitable[object]]
 _CUT_GRACE_S = 0.1  # after the drain, twice: aiohttp waits, cancels, waits, then cuts
+_BACKLOG = 4096
 
 
 def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Application:
@@ -64,13 +74,16 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
     apply_plans(state)
     app = web.Application(
         client_max_size=server.max_body_bytes,
-        middlewares=[count_requests, error_middleware, auth_middleware],
+        middlewares=[track_requests, count_requests, error_middleware, auth_middleware],
     )
     app[STATE] = state
+    cap = connection_cap(server.max_connections, server.fd_reserve)
+    app[CONNECTIONS] = ConnectionGuard(cap, server.header_timeout_s, registry)
     app[REQUESTS] = RequestCount()
     state.metrics.prime({m.name: [p.name for p in m.profiles] for m in settings.models})
     registry.register(PoolCollector(state))
     _add_routes(app)
+    app.cleanup_ctx.append(_connection_deadlines)
     app.cleanup_ctx.append(_upstream_session)
     app.cleanup_ctx.append(_backend_pool)
     app.cleanup_ctx.append(_housekeeping)
@@ -94,13 +107,28 @@ def _add_routes(app: web.Application) -> None:
     admin.add_routes(app)
 
 
+async def _connection_deadlines(app: web.Application) -> AsyncIterator[None]:
+    task = asyncio.get_running_loop().create_task(app[CONNECTIONS].run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
     # One pooled session for every backend: keep-alive connections, no per-host cap (the
     # policy and the backends' slots bound concurrency, not the connector).
     connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
     # No cookie jar: a cookie one backend set must never ride along on other clients' requests.
+    # Accept-Encoding is set per request (identity: the telemetry reads plain bytes); aiohttp
+    # would otherwise add "gzip, deflate" to every request.
     session = aiohttp.ClientSession(
-        connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+        connector=connector,
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=("Accept-Encoding",),
     )
     async with session:
         app[STATE].session = session
@@ -206,11 +234,31 @@ async def serve(
 
     With the default trigger, SIGHUP re-reads `config_path` and applies its models (reload.py).
     At shutdown the listener closes first; requests in flight get drain_timeout_s to finish,
-    then what is left is cut and the backends are stopped.
+    then what is left is cut and the backends are stopped. The port is bound before any backend
+    is spawned: one in use raises ListenError at once.
     """
+    server = settings.server
+    sock = bind_listener(server.host, server.port, _BACKLOG)
+    with contextlib.closing(sock):
+        await _serve_on(sock, settings, shutdown_trigger, registry, on_listening, config_path)
+
+
+async def _serve_on(
+    sock: socket.socket,
+    settings: Settings,
+    shutdown_trigger: ShutdownTrigger | None,
+    registry: CollectorRegistry | None,
+    on_listening: Callable[[int], None] | None,
+    config_path: Path | None,
+) -> None:
     app = create_app(settings, registry=registry or CollectorRegistry())
     runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=_CUT_GRACE_S
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=_CUT_GRACE_S,
+        keepalive_timeout=settings.server.keepalive_timeout_s,
+        auto_decompress=False,  # bodies are inflated by proxy.body, after the key check
     )
     reloader = Reloader(app[STATE], config_path)
     stop = asyncio.Event()
@@ -220,7 +268,7 @@ async def serve(
         await runner.setup()
         _tune_gc()
         try:
-            site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=4096)
+            site = GuardedSite(runner, sock, app[CONNECTIONS], _BACKLOG)
             await site.start()
             port = _bound_port(runner)
             log.info("listening", host=settings.server.host, port=port)

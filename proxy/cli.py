@@ -9,9 +9,18 @@ from pathlib import Path
 
 import structlog
 
-from proxy.plan import backend_specs, describe_plan, initial_plan, plans_of
+from proxy.plan import (
+    ModelPlan,
+    backend_specs,
+    backend_specs_of,
+    describe_plan,
+    initial_plan,
+    plans_of,
+)
 from proxy.preflight import log_result, pool_fits, render, run_preflight
 from proxy.settings import ConfigError, ModelSettings, Settings, load_settings
+from supervisor.commandline import LlamaServerNotFoundError
+from supervisor.spec import BackendSpec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,14 +67,28 @@ def _load_or_exit(path: Path | None) -> Settings:
         raise SystemExit(2) from None
 
 
+def _backends_or_exit(
+    settings: Settings, source: str, plans: dict[str, ModelPlan] | None = None
+) -> list[BackendSpec]:
+    """Every backend's command line; exit 2 listing every profile that has none (a missing
+    or non-executable binary, a flag the supervisor owns), as for an invalid file."""
+    problems = []
+    for m, model in enumerate(settings.models):
+        for p, profile in enumerate(model.profiles):
+            try:
+                backend_specs_of(model, profile)
+            except (LlamaServerNotFoundError, OSError, ValueError) as exc:
+                problems.append(f"models.{m}.profiles.{p} ({model.name}/{profile.name}): {exc}")
+    if problems:
+        print(ConfigError(source, problems).render(), file=sys.stderr)
+        raise SystemExit(2)
+    return backend_specs(settings, plans)
+
+
 def _check_config(path: Path) -> int:
     settings = _load_or_exit(path)
     plans = plans_of(settings)
-    try:
-        specs = backend_specs(settings, plans)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"invalid configuration {path}:\n  - {exc}", file=sys.stderr)
-        return 2
+    specs = _backends_or_exit(settings, str(path), plans)
     print(f"{path}: OK")
     print(f"listen: {settings.server.host}:{settings.server.port}")
     for model in settings.models:
@@ -93,9 +116,11 @@ def _fallback_memory(model: ModelSettings) -> str:
 
 def _serve(args: argparse.Namespace) -> int:
     from proxy.app import serve
+    from proxy.connections import ListenError
     from proxy.logs import configure_logging
 
     settings = _load_or_exit(args.config)
+    _backends_or_exit(settings, str(args.config or "<embedded default>"))
     if args.host is not None:
         settings.server.host = args.host
     if args.port is not None:
@@ -103,7 +128,11 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log.level, settings.log.format, secrets=_secrets(settings))
     # Before the event loop: the check may wait for nvidia-smi.
     log_result(run_preflight(settings), structlog.get_logger("proxy.preflight"))
-    _run(serve(settings, config_path=args.config))
+    try:
+        _run(serve(settings, config_path=args.config))
+    except ListenError as exc:
+        print(f"mtp-proxy: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

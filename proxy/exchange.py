@@ -129,17 +129,18 @@ class Exchange:
     async def _admit(self, tried: set[str]) -> web.Response | None:
         """Wait in line for a free slot on a backend not yet tried; a 429 if there is none."""
         state = self.state
-        if state.router.pinned_profile(self.model, self.features, tried) is not None:
-            return None  # pinned to a ready profile: it goes there, full or not
+        # Pinned to a ready profile: it waits for a slot of that profile, in a lane of its own.
+        pinned = state.router.pinned_profile(self.model, self.features, tried)
 
         def has_room() -> bool:
             excluded = self._excluded() if self.failed else tried  # a restart lifts it
             return any(
-                b.has_room and b.name not in excluded for b in state.pool.ready_of_model(self.model)
+                b.has_room and b.name not in excluded and (pinned is None or b.profile == pinned)
+                for b in state.pool.ready_of_model(self.model)
             )
 
         try:
-            await state.admission.admit(self.model, has_room)
+            await state.admission.admit(self.model, has_room, lane=pinned)
         except QueueRefused as refused:
             self._refused(429, str(refused))
             return error_response(

@@ -39,7 +39,12 @@ _HOP_BY_HOP = frozenset(
         "accept-encoding",
     }
 )
+# Request headers that are the proxy's business only: the body goes upstream plain and complete
+# (so neither its encoding nor an Expect: 100-continue applies any more: a backend that never
+# sends 100 would hang the request), and the admin key is for the proxy alone.
+_NOT_FORWARDED = frozenset({"content-encoding", "expect", "x-admin-key"})
 _CLIENT_CREDENTIALS = frozenset({"authorization", "x-api-key"})
+_PLAIN = "identity"  # Accept-Encoding upstream: the telemetry reads the bytes as they come
 _UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
 _RETRYABLE_STATUS = frozenset({502, 503})
 
@@ -89,12 +94,24 @@ def upstream_url(base_url: str, path_qs: str) -> yarl.URL:
 
 def upstream_headers(client_headers: Mapping[str, str], *, forward_auth: bool) -> CIMultiDict[str]:
     headers: CIMultiDict[str] = CIMultiDict()
+    named = _connection_options(client_headers)
     for key, value in client_headers.items():
         lower = key.lower()
-        if lower in _HOP_BY_HOP or (lower in _CLIENT_CREDENTIALS and not forward_auth):
+        if lower in _HOP_BY_HOP or lower in _NOT_FORWARDED or lower in named:
+            continue
+        if lower in _CLIENT_CREDENTIALS and not forward_auth:
             continue
         headers.add(key, value)
+    headers["Accept-Encoding"] = _PLAIN
     return headers
+
+
+def _connection_options(headers: Mapping[str, str]) -> frozenset[str]:
+    """Header names listed in Connection: they describe this hop only (RFC 9110 7.6.1)."""
+    values = [value for key, value in headers.items() if key.lower() == "connection"]
+    return frozenset(
+        name.strip().lower() for value in values for name in value.split(",") if name.strip()
+    )
 
 
 def client_headers(upstream: Mapping[str, str], extra: Mapping[str, str]) -> CIMultiDict[str]:

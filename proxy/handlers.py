@@ -6,6 +6,7 @@ ask the router for a backend, forward, relay, record. Errors answer in the calle
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from proxy.body import BodyRefused, read_body
 from proxy.errors import Dialect, error_response
 from proxy.exchange import Exchange
 from proxy.request_log import request_logger
@@ -47,11 +49,19 @@ def generation_handler(api: Api) -> Handler:
 async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
     state = request.app[STATE]
     received = time.perf_counter()
+    server = state.settings.server
     try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        limit = state.settings.server.max_body_bytes
-        return refuse(request, api, 413, f"request body exceeds {limit} bytes", received)
+        raw = await read_body(
+            request,
+            max_bytes=server.max_body_bytes,
+            timeout_s=server.body_timeout_s,
+            inflating=state.inflating,
+        )
+    except BodyRefused as refused:
+        response = refuse(request, api, refused.status, refused.message, received)
+        if refused.status in (400, 408):  # the connection's framing or client is broken
+            await answer_and_close(request, response)
+        return response
     if state.request_log.is_enabled_for(logging.DEBUG):
         request_logger(request, api).debug(
             "request_received", path=request.path, body_bytes=len(raw)
@@ -65,6 +75,17 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
         return refuse(request, api, 404, message, received, code="model_not_found")
     exchange = Exchange(state, request, api, model, raw, body, received)
     return await exchange.run()
+
+
+async def answer_and_close(request: web.Request, response: web.Response) -> None:
+    """Send `response` now and close the connection: aiohttp would otherwise keep reading
+    the rest of the body for up to 10 s (lingering)."""
+    response.force_close()
+    with contextlib.suppress(ConnectionError):
+        await response.prepare(request)
+        await response.write_eof()
+    if request.transport is not None:
+        request.transport.close()
 
 
 def refuse(

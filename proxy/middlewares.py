@@ -9,7 +9,7 @@ import structlog
 from aiohttp import web
 
 from proxy.errors import Dialect, error_response, reshaped_error_body
-from proxy.handlers import API_PATHS, Handler, refuse
+from proxy.handlers import API_PATHS, Handler, answer_and_close, refuse
 from proxy.state import STATE
 
 log = structlog.get_logger("proxy")
@@ -17,6 +17,7 @@ log = structlog.get_logger("proxy")
 # Paths any client may reach without a key: probes and scrapes (the listener is loopback by
 # default; put /metrics behind the network, not behind a client key).
 _OPEN_PATHS = frozenset({"/health", "/metrics"})
+_LINGER_BYTES = 64 * 1024  # refused bodies up to this size are read (and dropped) as usual
 
 
 def dialect_for_path(path: str) -> Dialect:
@@ -51,9 +52,21 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         message = "invalid or missing API key"
         api = API_PATHS.get(request.path)
         if api is not None:  # a generation request: counted and logged like every other
-            return refuse(request, api, 401, message, received, code="invalid_api_key")
-        return error_response(dialect_for_path(request.path), 401, message, code="invalid_api_key")
+            response = refuse(request, api, 401, message, received, code="invalid_api_key")
+        else:
+            dialect = dialect_for_path(request.path)
+            response = error_response(dialect, 401, message, code="invalid_api_key")
+        if _large_unread_body(request):
+            # Reading it only to discard it (aiohttp lingers up to 10 s) would let anyone
+            # without a key make the proxy move their megabytes: answer and close instead.
+            await answer_and_close(request, response)
+        return response
     return await handler(request)
+
+
+def _large_unread_body(request: web.Request) -> bool:
+    length = request.content_length
+    return (length is None and request.can_read_body) or (length or 0) > _LINGER_BYTES
 
 
 @web.middleware

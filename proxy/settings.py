@@ -215,6 +215,12 @@ class ServerSettings(BaseModel):
     retry_before_first_byte: int = Field(default=2, ge=0, le=10)
     max_queue: int = Field(default=256, ge=0)
     queue_timeout_s: float = Field(default=30.0, gt=0)
+    # Client connections (nginx's defaults in spirit; see proxy.connections and proxy.body).
+    header_timeout_s: float = Field(default=60.0, gt=0)
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    keepalive_timeout_s: float = Field(default=75.0, gt=0)
+    max_connections: int = Field(default=0, ge=0)
+    fd_reserve: int = Field(default=1024, ge=0)
 
 
 class LogSettings(BaseModel):

@@ -79,6 +79,8 @@ class ProxyState:
     background: set[asyncio.Task[None]] = field(default_factory=set)
     bookkeeping: Bookkeeping = field(default_factory=Bookkeeping)
     request_ids: RequestIds = field(default_factory=RequestIds)
+    inflating: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    """gzip request bodies inflated at once (proxy.body)."""
     session: aiohttp.ClientSession | None = None
     supervisor: Supervisor | None = None
     listening: bool = False  # the listener is up: READY=1 may be sent from now on

@@ -109,10 +109,10 @@ class Supervisor:
         """Apply a new configuration with as little disruption as possible.
 
         Unchanged backends keep running; removed ones are stopped; new ones started; a
-        changed one is replaced start-first: the new process runs until it is READY (or
-        FAILED, or ready_timeout_s passed) before the old one is drained and stopped, so a
-        model does not lose its last ready backend. Replacements go one at a time, which
-        bounds the extra memory to one process.
+        changed one is replaced start-first: the old one is drained and stopped only once the
+        new process is READY; a successor that fails (or is not ready within ready_timeout_s)
+        is dropped and the old one keeps serving, so a reload never takes a model down.
+        Replacements go one at a time, which bounds the extra memory to one process.
         """
         wanted = _unique(specs)
         async with self._lock:
@@ -159,19 +159,29 @@ class Supervisor:
         await self.stop()
 
     async def _replace(self, old: Child, spec: BackendSpec) -> None:
+        """Start `spec` next to `old`; only a READY successor replaces it. One that fails or
+        is not ready within ready_timeout_s is dropped and `old` keeps serving."""
         new = self._child(spec)
+        if self._session is None:  # not started: nothing runs, start() will run the new spec
+            self._children[self._children.index(old)] = new
+            return
         self._children.insert(self._children.index(old) + 1, new)
-        if self._session is not None:
-            began = time.monotonic()
-            await new.start(self._session)
-            ready = await self._settle(new)
-            self._log.info(
-                "replacement started",
+        began = time.monotonic()
+        await new.start(self._session)
+        await self._settle(new)
+        after_s = round(time.monotonic() - began, 3)
+        if new.state is not S.READY:
+            self._log.error(
+                "replacement failed, old backend kept",
                 backend=spec.name,
                 state=str(new.state),
-                settled=ready,
-                after_s=round(time.monotonic() - began, 3),
+                reason=new.last_error or new.state_reason,
+                after_s=after_s,
             )
+            self._children.remove(new)
+            await new.stop("replacement not ready: dropped, the old backend stays")
+            return
+        self._log.info("replacement ready", backend=spec.name, after_s=after_s)
         await old.stop("replaced by reload")
         self._children.remove(old)
 

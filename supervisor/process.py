@@ -6,13 +6,15 @@ Knows nothing of states or health; `child.py` decides when to call what.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
 import os
 import signal
 import socket
 import subprocess
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from structlog.typing import FilteringBoundLogger
@@ -72,6 +74,38 @@ def living_group_members(pgid: int) -> list[int]:
     return members
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    # Looked up in the parent (dlsym after fork could wait on a lock another thread held).
+    try:
+        function: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return function
+
+
+def _parent_death_hook() -> Callable[[], None] | None:
+    return functools.partial(_die_with_parent, os.getpid()) if _prctl() is not None else None
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """In the child, before exec: SIGKILL when the proxy dies, even by kill -9 (Linux).
+
+    The signal fires when the thread that spawned the child exits: asyncio spawns from the
+    event loop's thread, which lives as long as the proxy. Without this, a killed proxy left
+    its llama-servers running, listening and holding GPU memory. prctl is looked up before
+    the fork, so the child only calls it.
+    """
+    prctl = _prctl()
+    if prctl is None or prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return  # not Linux, or refused: the supervisor's own stop still ends the child
+    if os.getppid() != parent_pid:  # the proxy died between fork and prctl
+        os._exit(1)
+
+
 class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
     """Stream protocol that also reports the exit itself.
 
@@ -126,6 +160,7 @@ class ChildProcess:
             stderr=subprocess.PIPE,
             env=dict(env),
             start_new_session=True,
+            preexec_fn=_parent_death_hook(),
         )
         return cls(transport, protocol, log)
 

@@ -321,22 +321,30 @@ async def test_client_disconnect_storm_frees_every_backend_slot(faulty_proxy: Pr
                 ]
                 ids = [uuid.uuid4().hex for _ in clients]
                 request_ids.update(ids)
-                responses = await asyncio.gather(
-                    *(
+                # 8 stream on the off backend's 8 slots; the other 8, pinned there too, wait
+                # in the proxy's queue (no answer head yet) for a slot of their profile.
+                posts = [
+                    asyncio.create_task(
                         c.post(
                             faulty_proxy.url + PATHS["chat"],
                             json=body_for("chat"),
                             headers={"X-MTP-Profile": "off", "X-Request-Id": request_id},
                         )
-                        for c, request_id in zip(clients, ids, strict=True)
                     )
-                )
+                    for c, request_id in zip(clients, ids, strict=True)
+                ]
                 deadline = time.monotonic() + 5.0
                 while await busy_slots(probe, ports["off"]) < 8 and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
                 assert await busy_slots(probe, ports["off"]) == 8
-                for response in responses:
-                    response.close()  # the storm: every client goes away mid-stream
+                while sum(p.done() for p in posts) < 8 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                for post in posts:  # the storm: every client goes away, mid-stream or queued
+                    if post.done():
+                        post.result().close()
+                    else:
+                        post.cancel()
+                await asyncio.gather(*posts, return_exceptions=True)
             for profile in ("off", "min"):
                 await wait_idle(faulty_proxy, f"mtp-demo/{profile}")
                 deadline = time.monotonic() + 2.0

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from bench.decide_micro import AGENT_SYSTEM, agent_request, code_text, prose_text, short_chat
 from proxy.routing.features import (
     IMAGE_TOKENS,
+    TEMPLATE_TOKENS_PER_MESSAGE,
     Api,
     FeatureError,
     RequestFeatures,
@@ -53,7 +54,8 @@ def test_chat_string_content_counts_chars_and_tokens() -> None:
     assert f.api == "chat"
     assert f.model == "mtp-demo"
     assert f.prompt_chars == chars
-    assert f.est_prompt_tokens == chars // 4
+    assert f.messages == len(body["messages"])
+    assert f.est_prompt_tokens == chars // 4 + TEMPLATE_TOKENS_PER_MESSAGE * f.messages
     assert f.kind == "prose"
     assert f.max_tokens == 256
     assert f.stream is True
@@ -100,7 +102,9 @@ def test_chat_content_parts_images_and_tool_traffic() -> None:
     tools_chars = f.prompt_chars - text
     assert 0 < tools_chars < 100  # the tool schema counts, the image's base64 does not
     assert f.images == 1
-    assert f.est_prompt_tokens == f.prompt_chars // 4 + IMAGE_TOKENS
+    assert f.est_prompt_tokens == (
+        f.prompt_chars // 4 + IMAGE_TOKENS + TEMPLATE_TOKENS_PER_MESSAGE * f.messages
+    )
     assert f.max_tokens == 77  # max_completion_tokens wins over the legacy max_tokens
     assert f.has_tools
     assert f.kind == "code"
@@ -439,28 +443,54 @@ def test_deeply_nested_tool_arguments_do_not_recurse_forever() -> None:
 # --- calibration ------------------------------------------------------------------------------
 
 
+def user(model: str, text: str) -> RequestFeatures:
+    return feats("chat", {"model": model, "messages": [{"role": "user", "content": text}]})
+
+
 def test_calibrator_learns_per_model_ratio() -> None:
     cal = TokenCalibrator(default=3.5, half_life=10)
     assert cal.chars_per_token("m") == 3.5
-    f = feats("chat", {"model": "m", "messages": [{"role": "user", "content": "a" * 5000}]})
-    for _ in range(50):
-        cal.observe(f, context_tokens=2000)  # 2.5 chars per token
+    f = user("m", "a" * 5000)
+    for _ in range(80):
+        cal.observe(f, context_tokens=2000 + TEMPLATE_TOKENS_PER_MESSAGE)  # 2.5 chars per token
     assert cal.chars_per_token("m") == pytest.approx(2.5, rel=0.01)
     assert cal.chars_per_token("other") == 3.5
 
 
 def test_calibrator_ignores_tiny_prompts_and_clamps() -> None:
     cal = TokenCalibrator(default=3.5, half_life=10)
-    tiny = feats("chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
-    cal.observe(tiny, context_tokens=12)
+    cal.observe(user("m", "hi"), context_tokens=12)
     assert cal.chars_per_token("m") == 3.5
-    huge = feats("chat", {"model": "m", "messages": [{"role": "user", "content": "a" * 100_000}]})
-    cal.observe(huge, context_tokens=100)  # 1000 chars/token: nonsense, clamped
-    assert cal.chars_per_token("m") <= 12.0
+    huge = user("m", "a" * 100_000)
+    for _ in range(500):
+        cal.observe(huge, context_tokens=100)  # 1000 chars/token: nonsense, clamped
+    assert cal.chars_per_token("m") == pytest.approx(12.0)
+
+
+def test_one_request_moves_the_shared_ratio_by_at_most_one_percent() -> None:
+    cal = TokenCalibrator(default=3.5, half_life=20)
+    odd = user("m", "x" * 3000)
+    cal.observe(odd, context_tokens=3000)  # 1 char per token: a crafted prompt
+    assert cal.chars_per_token("m") == pytest.approx(3.5 / 1.01)
+    for _ in range(9):
+        cal.observe(odd, context_tokens=3000)
+    assert cal.chars_per_token("m") >= 3.5 / 1.01**10 > 3.5 * 0.9  # ten requests: under 10%
+
+
+def test_template_tokens_of_many_tiny_messages_count_in_the_estimate() -> None:
+    """10,000 one-character messages are ~60,000 tokens with their chat template: estimated so
+    (it was 2,857), and ten of them move the shared ratio under 10% (it was 3.5 -> 1.59)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}] * 10_000}
+    f = feats("chat", body, cpt=3.5)
+    assert f.est_prompt_tokens == pytest.approx(60_004, rel=0.15)  # was 2,857
+    cal = TokenCalibrator(default=3.5, half_life=20)
+    for _ in range(10):
+        cal.observe(f, context_tokens=60_004)
+    assert cal.chars_per_token("m") >= 3.5 / 1.01**10
 
 
 def test_calibrator_subtracts_known_parts() -> None:
-    cal = TokenCalibrator(default=3.5, half_life=10)
+    cal = TokenCalibrator(default=3.0, half_life=10)
     f = feats(
         "chat",
         {
@@ -476,8 +506,8 @@ def test_calibrator_subtracts_known_parts() -> None:
             ],
         },
     )
-    cal.observe(f, context_tokens=1000 + IMAGE_TOKENS)
-    assert cal.chars_per_token("m") == pytest.approx(3.0)
+    cal.observe(f, context_tokens=1000 + IMAGE_TOKENS + TEMPLATE_TOKENS_PER_MESSAGE)
+    assert cal.chars_per_token("m") == pytest.approx(3.0)  # exactly the default: nothing moved
 
 
 def test_calibrator_json_roundtrip_and_garbage() -> None:
@@ -486,7 +516,7 @@ def test_calibrator_json_roundtrip_and_garbage() -> None:
     cal.observe(f, context_tokens=1000)
     restored = TokenCalibrator(default=3.5, half_life=10)
     restored.load_json(json.loads(json.dumps(cal.to_json())))
-    assert restored.chars_per_token("m") == cal.chars_per_token("m") == 4.0
+    assert restored.chars_per_token("m") == cal.chars_per_token("m") == pytest.approx(3.5 * 1.01)
     restored.load_json({"x": [999, 1], "y": "bad", "z": [2.0, -1]})
     restored.load_json([1, 2])
     assert restored.chars_per_token("x") == restored.chars_per_token("z") == 3.5

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
+from proxy.connections import CLOSE_CAUSES
 from proxy.routing.policy import Reason
 from proxy.settings import load_settings
 from supervisor.probe import DraftControl
@@ -314,6 +315,7 @@ def test_label_values_are_bounded(run: Run) -> None:
         "control": set(get_args(DraftControl)),
         "backend": {f"{MODEL}/{p}" for p in PROFILES},
         "request_class": {CLASS, UNROUTED},
+        "cause": set(CLOSE_CAUSES),
     }
     secrets = {SESSION, "no-such-model", *(x.request_id for x in run.sent)}
     for name, series in run.scrape.samples.items():

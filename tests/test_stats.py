@@ -203,7 +203,7 @@ def test_save_and_load_roundtrip(tmp_path: Path) -> None:
     assert loaded.table() == stats.table()
     assert loaded.view(CLS)["max"].decode_load == pytest.approx(stats.view(CLS)["max"].decode_load)
     assert 0.5 < loaded.view(CLS)["max"].decode_load < 1.5
-    assert loaded.calibrator.chars_per_token("m") == pytest.approx(3.0)
+    assert loaded.calibrator.chars_per_token("m") == stats.calibrator.chars_per_token("m") != 3.5
     # observing after a restart continues from the restored weights
     loaded.observe(CLS, "max", obs(40.0))
     stats.observe(CLS, "max", obs(40.0))

@@ -21,6 +21,8 @@ ContentKind = Literal["code", "prose"]
 
 IMAGE_TOKENS = 768
 """Rough prompt cost of one image or other media part (its bytes are no text)."""
+TEMPLATE_TOKENS_PER_MESSAGE = 5
+"""Chat-template tokens around each message (role markers of ChatML, Llama 3 and the like)."""
 
 _MAX_DEPTH = 24  # generic walks of tool arguments / schemas stop here (hostile nesting)
 _SAMPLE_SEGMENT = 2000  # chars taken from the head of one text segment for the sample
@@ -105,6 +107,8 @@ class RequestFeatures:
     images: int = 0
     token_ids: int = 0
     """Prompt tokens given as token ids (completions), counted exactly."""
+    messages: int = 0
+    """Messages (turns, items) of the conversation: each costs template tokens."""
 
 
 @dataclass(slots=True)
@@ -119,6 +123,7 @@ class _Walk:
     tool_results: int = 0
     images: int = 0
     token_ids: int = 0
+    turns: int = 0
 
     def text(self, s: str) -> None:
         if s:
@@ -218,6 +223,7 @@ class _Walk:
         """A conversation; leading system messages join the system prompt segments."""
         if not isinstance(value, list):
             return
+        self.turns += len(value)
         segments = self.segments
         start = 0
         for m in value:  # leading system/developer messages form the system prompt
@@ -436,7 +442,10 @@ def extract_features(
     model = body.get("model")
     model = model if isinstance(model, str) else ""
     chars = w.chars + tool_chars
-    est = int(chars / chars_per_token) + w.token_ids + w.images * IMAGE_TOKENS
+    # Each message also costs its chat template's tokens (role markers: 10,000 one-character
+    # messages are ~60,000 tokens, not 10,000 / chars_per_token).
+    est = int(chars / chars_per_token) + w.turns * TEMPLATE_TOKENS_PER_MESSAGE
+    est += w.token_ids + w.images * IMAGE_TOKENS
     agent_signs = has_tools or w.tool_calls > 0 or w.tool_results > 0 or agent_system
     return RequestFeatures(
         api=api,
@@ -453,4 +462,5 @@ def extract_features(
         code_score=score,
         images=w.images,
         token_ids=w.token_ids,
+        messages=w.turns,
     )

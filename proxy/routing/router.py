@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -86,7 +86,8 @@ class Router:
         self.pool = pool
         self.stats = stats or LearnedStats(settings)
         self._rng = rng or random.Random(settings.seed)
-        self._sessions: dict[str, tuple[str, float]] = {}  # key -> (backend, last used)
+        # key -> (backend, last used), least recently used first; at most max_sessions.
+        self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._caches = SlotCaches()
         self.mix: Counter[tuple[str, str, str]] = Counter()  # (model, profile, reason)
         self.per_request: dict[str, PerRequestModel] = {}  # set by the app from the plans
@@ -143,7 +144,7 @@ class Router:
         if backend is None:
             return None
         if features.session_key is not None:
-            self._sessions[features.session_key] = (backend.name, time.monotonic())
+            self._remember(features.session_key, backend.name)
         key = self._caches.use(
             backend.name, features.session_key, features.est_prompt_tokens, backend.slots
         )
@@ -192,7 +193,7 @@ class Router:
         decay = self._load_decay
         backend.recent_load = backend.recent_load * decay + (backend.in_flight + 1) * (1 - decay)
         if features.session_key is not None:
-            self._sessions[features.session_key] = (backend.name, time.monotonic())
+            self._remember(features.session_key, backend.name)
         key = self._caches.use(
             backend.name, features.session_key, features.est_prompt_tokens, backend.slots
         )
@@ -209,6 +210,13 @@ class Router:
             depth=decision.depth,
             level=decision.level,
         )
+
+    def _remember(self, session_key: str, backend: str) -> None:
+        sessions = self._sessions
+        sessions[session_key] = (backend, time.monotonic())
+        sessions.move_to_end(session_key)
+        while len(sessions) > self.settings.max_sessions:
+            sessions.popitem(last=False)
 
     def _draws(self, features: RequestFeatures) -> random.Random:
         """The random source of one decision. Seeded: drawn from the seed and the request's own

@@ -165,6 +165,13 @@ class RoutingSettings(BaseModel):
         description="A session -> backend binding is forgotten after this idle time (the app "
         "keeps the map; llama-server evicts old slot caches anyway).",
     )
+    max_sessions: int = Field(
+        default=10_000,
+        ge=1,
+        description="Session -> backend bindings kept at most (each under ~0.5 kB: keys are "
+        "capped at 256 characters); past it the least recently used goes first, so a client "
+        "inventing session ids cannot grow the proxy's memory.",
+    )
     eviction_weight: float = Field(
         default=0.5,
         ge=0.0,

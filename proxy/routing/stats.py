@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +25,14 @@ from typing import Any
 import structlog
 
 from proxy.routing.classes import RequestClass, bucket_labels
-from proxy.routing.features import IMAGE_TOKENS, RequestFeatures
+from proxy.routing.features import IMAGE_TOKENS, TEMPLATE_TOKENS_PER_MESSAGE, RequestFeatures
 from proxy.routing.settings import RoutingSettings, decay_factor
 from proxy.routing.telemetry import Observation
 
 _STATE_VERSION = 1
 _MIN_DECODE_TOKENS = 4  # shorter outputs give no meaningful decode rate
 _MIN_PREFILL_TOKENS = 32  # below this the fixed per-request overhead dominates
+_MAX_STATE_BYTES = 64 << 20  # a state file is kilobytes; anything far larger is not ours
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,13 +187,19 @@ def _floats(value: object, n: int) -> list[float]:
 class TokenCalibrator:
     """Per-model chars-per-token ratio, learned online from the backends' token counts.
 
-    EWMA of prompt_chars / text tokens, where text tokens = context tokens reported by the
-    backend (prompt_n + cache_n, or usage) minus the exactly known and image parts.
-    Chat templates add a few tokens per message; the ratio absorbs them.
+    Ratio of one request = prompt_chars / text tokens, where text tokens = context tokens
+    reported by the backend (prompt_n + cache_n, or usage) minus the exactly known parts (token
+    ids, images) and the chat template's tokens per message.
+
+    Every client shares it, so no client may steer it: a request's ratio is clamped to a
+    plausible range, and one request moves the estimate by at most `_MAX_STEP` (1%), however
+    odd its text. An EWMA (in log space) follows slow drift; ten crafted requests move the
+    estimate by under 10%, where they used to halve it.
     """
 
     _MIN_TOKENS = 64  # below this the template overhead dominates the ratio
     _BOUNDS = (1.0, 12.0)
+    _MAX_STEP = math.log(1.01)
 
     def __init__(self, default: float, half_life: float) -> None:
         self._default = default
@@ -204,12 +212,15 @@ class TokenCalibrator:
 
     def observe(self, features: RequestFeatures, context_tokens: int) -> None:
         text_tokens = context_tokens - features.token_ids - features.images * IMAGE_TOKENS
+        text_tokens -= features.messages * TEMPLATE_TOKENS_PER_MESSAGE
         if text_tokens < self._MIN_TOKENS or features.prompt_chars < self._MIN_TOKENS:
             return
         ratio = min(max(features.prompt_chars / text_tokens, self._BOUNDS[0]), self._BOUNDS[1])
         value, weight = self._ratios.get(features.model, (self._default, 0.0))
         weight = weight * self._decay + 1.0
-        self._ratios[features.model] = (value + (ratio - value) / weight, weight)
+        step = math.log(ratio / value) / weight
+        step = min(max(step, -self._MAX_STEP), self._MAX_STEP)
+        self._ratios[features.model] = (value * math.exp(step), weight)
 
     def to_json(self) -> dict[str, list[float]]:
         return {model: [r, w] for model, (r, w) in self._ratios.items()}
@@ -345,12 +356,12 @@ class LearnedStats:
         stats = cls(settings)
         log = structlog.get_logger("proxy.routing.stats").bind(path=str(path))
         try:
-            state = json.loads(path.read_bytes())
+            state = json.loads(_read_regular_file(path, _MAX_STATE_BYTES))
         except FileNotFoundError:
             stats.load_report = "missing: starting empty"
             log.info("stats_state_missing")
             return stats
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             stats.load_report = f"unreadable ({exc}): starting empty"
             log.warning("stats_state_unreadable", error=str(exc))
             return stats
@@ -404,6 +415,22 @@ class ModelStats:
 
 def _round(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def _read_regular_file(path: Path, limit: int) -> bytes:
+    """The file's bytes; OSError for anything but a regular file of at most `limit` bytes
+    (a FIFO at the path would block start-up forever, a device never end)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise OSError(f"{path} is larger than {limit} bytes")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(limit + 1)
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -1,0 +1,331 @@
+"""Load and abuse: a keyed client's chat latency, quiet and while others abuse the proxy.
+
+One run starts the proxy (with a client key) on simulated backends and measures a keyed
+client's non-stream chat, one request at a time, p50 and p99:
+
+- quiet: nobody else;
+- idle flood: `--idle` connections opened and left silent (beyond the connection cap they push
+  out the idlest; within it they wait for the keep-alive timeout);
+- bombs: `--bombers` threads sending unauthenticated gzip bombs (2 MB that inflate to 2 GiB),
+  one every `--bomb-interval` seconds each (40 a second by default: the issue saw four bombs
+  push a keyed chat from 44 ms to 8 s);
+- pinned flood: `--pinned` threads sending keyed requests pinned to one profile, back to back
+  (they queue like any request and get 429 past the queue; a refused one waits 0.5 s, as
+  SDK clients back off, before the next);
+
+and prints each with its ratio to quiet, so releases can be compared side by side.
+
+    python -m bench.abuse [--requests 60] [--idle 2000] [--bombers 4] [--pinned 64] [--json]
+
+Loopback only; bounded in count (the flags) and time (each phase: `--requests` requests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import multiprocessing
+import socket
+import statistics
+import struct
+import tempfile
+import threading
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from bench.processes import start_proxy
+
+KEY = "sk-bench-abuse-0123456789"
+_CHAT = {
+    "model": "mtp-demo",
+    "messages": [{"role": "user", "content": "Say hello to the lighthouse keeper."}],
+    "max_tokens": 8,
+}
+
+
+@dataclass(frozen=True)
+class Latency:
+    p50: float
+    p99: float
+    errors: int
+    n: int
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 80
+
+
+def _post(
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    timeout: float = 30.0,
+) -> int:
+    host, port = _address(url)
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.request("POST", "/v1/chat/completions", body=body, headers=headers)
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    finally:
+        connection.close()
+
+
+def keyed_latencies(url: str, key: str, n: int) -> Latency:
+    """n keyed chats one after another (a fresh connection each, as a CLI makes them)."""
+    body = json.dumps(_CHAT).encode()
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    took, errors = [], 0
+    for _ in range(n):
+        began = time.perf_counter()
+        try:
+            status = _post(url, body, headers)
+        except OSError:
+            status = 0
+        took.append(time.perf_counter() - began)
+        errors += status != 200
+    took.sort()
+    return Latency(
+        p50=statistics.median(took),
+        p99=took[min(len(took) - 1, int(len(took) * 0.99))],
+        errors=errors,
+        n=n,
+    )
+
+
+def gzip_bomb(inflated: int, *, checksum: bool = True) -> bytes:
+    """One valid gzip member of `inflated` zero bytes (2 GiB -> ~2 MB): the same 1 MiB deflate
+    block repeated (a full flush makes each block independent of the ones before). Without
+    `checksum` the trailer's CRC is left 0 (fast to make; only a complete inflate checks it)."""
+    mib = 1 << 20
+    zeros = bytes(mib)
+    packer = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    block = packer.compress(zeros) + packer.flush(zlib.Z_FULL_FLUSH)
+    count = max(inflated // mib, 1)
+    crc = 0
+    for _ in range(count if checksum else 0):
+        crc = zlib.crc32(zeros, crc)
+    last = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS).flush()  # an empty final block
+    head = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+    return head + block * count + last + struct.pack("<II", crc, (count * mib) & 0xFFFFFFFF)
+
+
+def _bomb(url: str, inflated: int, interval_s: float, key: str | None) -> Callable[[], int]:
+    bomb = gzip_bomb(inflated, checksum=False)
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+
+    def send() -> int:
+        status = _post(url, bomb, headers)
+        time.sleep(interval_s)
+        return status
+
+    return send
+
+
+_RETRY_AFTER_429_S = 0.5  # as SDK clients do (they back off on 429), not a tight loop
+
+
+def _pinned(url: str, key: str, profile: str) -> Callable[[], int]:
+    body = json.dumps({**_CHAT, "max_tokens": 64}).encode()
+    headers = {
+        "Authorization": f"Bearer {key}",
+        "Content-Type": "application/json",
+        "X-MTP-Profile": profile,
+    }
+
+    def send() -> int:
+        status = _post(url, body, headers, timeout=120)
+        if status == 429:
+            time.sleep(_RETRY_AFTER_429_S)
+        return status
+
+    return send
+
+
+_ACTIONS: dict[str, Callable[..., Callable[[], int]]] = {"bomb": _bomb, "pinned": _pinned}
+
+
+def _abuse_process(
+    kind: str, params: tuple[Any, ...], threads: int, ready: Any, stop: Any, results: Any
+) -> None:
+    """In a process of its own (the measuring client must not share a GIL with the abusers):
+    `threads` threads repeat one action until `stop` is set, then the answers are reported."""
+    action = _ACTIONS[kind](*params)
+    answers: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                status = action()
+            except OSError:
+                status = 0
+            with lock:
+                answers[status] += 1
+
+    workers = [threading.Thread(target=loop, daemon=True) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    ready.set()
+    stop.wait()
+    for worker in workers:
+        worker.join(60)
+    results.put(dict(answers))
+
+
+@contextlib.contextmanager
+def _abuse(kind: str, params: tuple[Any, ...], threads: int) -> Iterator[dict[int, int]]:
+    context = multiprocessing.get_context("spawn")
+    ready, stop, results = context.Event(), context.Event(), context.Queue()
+    process = context.Process(
+        target=_abuse_process, args=(kind, params, threads, ready, stop, results), daemon=True
+    )
+    process.start()
+    answers: dict[int, int] = {}
+    try:
+        if not ready.wait(120):
+            raise RuntimeError(f"the {kind} abusers did not start")
+        yield answers
+    finally:
+        stop.set()
+        answers.update(results.get(timeout=120))
+        process.join(30)
+
+
+def bomb_flood(
+    url: str,
+    workers: int,
+    interval_s: float = 0.1,
+    inflated: int = 2 << 30,
+    key: str | None = None,
+) -> contextlib.AbstractContextManager[dict[int, int]]:
+    """gzip bombs from `workers` threads (another process), each sending one every
+    `interval_s` (0: back to back, which measures the machine's loopback bandwidth more than
+    the proxy: 2 MB per bomb); unauthenticated unless `key` is given."""
+    return _abuse("bomb", (url, inflated, interval_s, key), workers)
+
+
+def pinned_flood(
+    url: str, key: str, workers: int, profile: str
+) -> contextlib.AbstractContextManager[dict[int, int]]:
+    """Keyed requests pinned to `profile`, back to back from `workers` threads."""
+    return _abuse("pinned", (url, key, profile), workers)
+
+
+@contextlib.contextmanager
+def idle_flood(url: str, count: int) -> Iterator[dict[int, int]]:
+    """`count` connections opened and left silent."""
+    host, port = _address(url)
+    sockets = []
+    opened: dict[int, int] = {0: 0, 1: 0}
+    try:
+        for _ in range(count):
+            try:
+                sockets.append(socket.create_connection((host, port), timeout=5))
+                opened[1] += 1
+            except OSError:
+                opened[0] += 1
+        yield opened
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    quiet = keyed_latencies(url, KEY, args.requests)
+    phases: dict[str, Any] = {"quiet": {"latency": asdict(quiet)}}
+    floods: dict[str, Callable[[], contextlib.AbstractContextManager[dict[int, int]]]] = {
+        "idle_flood": lambda: idle_flood(url, args.idle),
+        "gzip_bombs": lambda: bomb_flood(url, args.bombers, args.bomb_interval),
+        "pinned_flood": lambda: pinned_flood(url, KEY, args.pinned, "max"),
+    }
+    for name, flood in floods.items():
+        with flood() as answers:
+            time.sleep(1.0)  # let the abuse build up (the abusers' process starts)
+            latency = keyed_latencies(url, KEY, args.requests)
+        seen = dict(answers)
+        phases[name] = {
+            "latency": asdict(latency),
+            "p50_ratio": round(latency.p50 / quiet.p50, 2),
+            "p99_ratio": round(latency.p99 / quiet.p99, 2),
+            "abuse_answers": {str(k): v for k, v in sorted(seen.items())},
+        }
+    return phases
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    sim_args = ["--preset", "setup-b", "--time-scale", "20", "-np", "4", "-c", "131072"]
+    return {
+        "server": {"host": "127.0.0.1", "port": 0, "api_keys": [KEY], "max_queue": 32},
+        "log": {"level": "info", "format": "json"},
+        "supervisor": {"stagger_s": 0.0},
+        "models": [
+            {
+                "name": "mtp-demo",
+                "backend": "simulator",
+                "args": sim_args,
+                "profiles": [
+                    {"name": "off"},
+                    {"name": "min", "spec_type": "draft-mtp", "draft_n_max": 2, "draft_n_min": 1},
+                    {"name": "max", "spec_type": "draft-mtp", "draft_n_max": 3},
+                ],
+            }
+        ],
+    }
+
+
+def _print(phases: dict[str, Any]) -> None:
+    columns = ("p50 ms", "p99 ms", "p50 x", "p99 x", "errors")
+    print(
+        f"{'phase':<14} {columns[0]:>8} {columns[1]:>8} {columns[2]:>6} {columns[3]:>6} "
+        f"{columns[4]:>6}  abuse answers (status: count; idle: 1 = opened)"
+    )
+    for name, phase in phases.items():
+        latency = phase["latency"]
+        print(
+            f"{name:<14} {latency['p50'] * 1e3:8.1f} {latency['p99'] * 1e3:8.1f} "
+            f"{phase.get('p50_ratio', 1.0):6.2f} {phase.get('p99_ratio', 1.0):6.2f} "
+            f"{latency['errors']:6d}  {phase.get('abuse_answers', '')}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=60, help="keyed chats per phase")
+    parser.add_argument("--idle", type=int, default=2000, help="idle connections")
+    parser.add_argument("--bombers", type=int, default=4, help="threads sending gzip bombs")
+    parser.add_argument(
+        "--bomb-interval", type=float, default=0.1, help="seconds between one thread's bombs"
+    )
+    parser.add_argument("--pinned", type=int, default=64, help="threads sending pinned requests")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-abuse-") as workdir:
+        proxy = start_proxy(_config(args), Path(workdir))
+        try:
+            phases = run(proxy.url, args)
+        finally:
+            proxy.stop()
+    if args.json:
+        print(json.dumps(phases, indent=2))
+    else:
+        _print(phases)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
