@@ -22,7 +22,9 @@ CHAT = [{"role": "user", "content": "Tell me about lighthouses."}]
 OTHER = [{"role": "user", "content": "And what about harbours?"}]  # another session
 
 
-async def test_a_pinned_request_goes_to_its_profile_even_when_full(tmp_path: Path) -> None:
+async def test_a_pinned_request_waits_for_a_slot_of_its_profile(tmp_path: Path) -> None:
+    """A pin is admitted like any request (issue 13, item 6): to a full profile it is neither
+    forwarded past the backend's slots nor sent elsewhere; it waits for that profile's slot."""
     model = simulator_model(slots=1, time_scale=2.0)
     with running_proxy(proxy_config([model]), tmp_path) as proxy:
         wait_all_ready(proxy, {"mtp-demo": 3})
@@ -34,35 +36,31 @@ async def test_a_pinned_request_goes_to_its_profile_even_when_full(tmp_path: Pat
             )
             assert first.headers["X-MTP-Profile"] == "max"
             await first.content.readany()  # max's only slot is busy now
-            fillers = []  # and so are the others': the whole model is full
-            for profile in ("off", "min"):
-                filler = await session.post(
-                    url,
-                    json={"messages": CHAT, "max_tokens": 200, "stream": True},
-                    headers={"X-MTP-Profile": profile},
-                )
-                await filler.content.readany()
-                fillers.append(filler)
             first_chunks = asyncio.create_task(arrivals(first))
             second = asyncio.create_task(
                 session.post(url, json={"messages": OTHER, "max_tokens": 4}, headers=pin)
             )
-            # Not held back by the proxy nor sent elsewhere: forwarded to max, past its one
-            # slot (llama-server queues it there).
-            forwarded_at = await wait_in_flight(proxy, "mtp-demo/max", 2)
+            # off and min are free, yet the pinned request waits: max never gets a second one
+            # while the first stream runs.
+            for _ in range(20):
+                await asyncio.sleep(0.05)
+                assert in_flight(proxy, "mtp-demo/max") == 1
+                assert not second.done()
+            chunks = await asyncio.wait_for(first_chunks, 60)
+            first.release()
             response = await asyncio.wait_for(second, 30)
+            answered_at = time.perf_counter()
             assert response.status == 200
             assert response.headers["X-MTP-Profile"] == "max"
             assert response.headers["X-MTP-Route-Reason"] == "pinned"
             await response.read()
             response.release()
-            chunks = await asyncio.wait_for(first_chunks, 60)
-            first.release()
-            for filler in fillers:
-                filler.close()
-    # The first stream was still running when the second reached max: tokens kept coming.
-    later = [data for at, data in chunks if at > forwarded_at and b'"content"' in data]
-    assert later, "the first stream had ended before the second request was forwarded"
+    assert chunks and answered_at > chunks[-1][0], "the pinned request overtook the first stream"
+
+
+def in_flight(proxy: ProxyProcess, backend: str) -> int:
+    rows = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)[1]["backends"]
+    return int({row["name"]: row["in_flight"] for row in rows}[backend])
 
 
 async def wait_in_flight(proxy: ProxyProcess, backend: str, count: int) -> float:

@@ -13,7 +13,14 @@ import aiohttp
 import pytest
 
 from bench.load import paced_preset, simulator_args
-from tests.harness import ADMIN_KEY, ProxyProcess, proxy_config, running_proxy, simulator_model
+from tests.harness import (
+    ADMIN_KEY,
+    ProxyProcess,
+    proxy_config,
+    running_proxy,
+    simulator_model,
+    wait_all_ready,
+)
 from tests.test_backpressure import watch_in_flight
 
 MAX_QUEUE = 2
@@ -26,6 +33,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     paced = {
         "name": "paced",
         "backend": "simulator",
+        "draft_control": "per-process",  # pins choose a backend here: a pool of two
         "args": simulator_args(paced_preset(workdir, 50.0), 1),  # one slot per backend
         "profiles": [{"name": "off"}, {"name": "max", "spec_type": "draft-mtp", "draft_n_max": 3}],
     }
@@ -35,6 +43,9 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
         routing={"max_sessions": MAX_SESSIONS},
     )
     with running_proxy(config, workdir / "proxy") as proxy:
+        # /health is 200 from the first ready backend on: a pin to a backend not ready yet
+        # would be routed as if unpinned.
+        wait_all_ready(proxy, {"mtp-demo": 3, "paced": 2})
         yield proxy
 
 
