@@ -24,7 +24,8 @@ from proxy.forward import (
     upstream_headers,
     upstream_url,
 )
-from proxy.request_log import request_logger
+from proxy.request_log import LOGGED, request_logger
+from proxy.responses_events import ResponsesEventIndexer
 from proxy.routing.features import Api
 from proxy.routing.router import Route
 from proxy.routing.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
@@ -51,8 +52,13 @@ class Exchange:
         self.raw, self.received = raw, received
         self.dialect = "anthropic" if api == "messages" else "openai"
         self.features = state.router.features(api, model, body, request.headers)
+        self.features_model = body.get("model")
         self.sink: StreamTelemetry | None = None
         self.route: Route | None = None
+        self.relayed: Relayed | None = None  # the current attempt's, once its answer started
+        self.sent_at = received
+        self.sequence = 0
+        request[LOGGED] = True  # every way out of an exchange writes the request's line
 
     @functools.cached_property
     def log(self) -> FilteringBoundLogger:
@@ -138,8 +144,8 @@ class Exchange:
         )
         url = upstream_url(backend.base_url, self.request.path_qs)
         with state.pool.lease(backend):
-            sequence = backend.started_total
-            sent_at = time.perf_counter()
+            self.sequence = sequence = backend.started_total
+            self.sent_at = sent_at = time.perf_counter()
             response = await open_upstream(state.client(), url, self.raw, headers, state.timeouts)
             async with response:
                 out, relayed = await self._relay(response, route)
@@ -170,10 +176,25 @@ class Exchange:
         idle = self.state.timeouts.idle_s
         if is_event_stream(response):
             self.sink = self.state.router.stream_telemetry(self.api)
+            self.relayed = Relayed(status=response.status, streamed=True)
+            indexer = None
+            if self.api == "responses" and self.state.settings.compat.responses_stream_indices:
+                indexer = ResponsesEventIndexer(self._requested_model())
             return await relay_stream(
-                self.request, response, extra, api=self.api, sink=self.sink, idle_s=idle
+                self.request,
+                response,
+                extra,
+                api=self.api,
+                sink=self.sink,
+                idle_s=idle,
+                relayed=self.relayed,
+                rewriter=indexer,
             )
         return await relay_body(response, extra, idle)
+
+    def _requested_model(self) -> str:
+        named = self.features_model
+        return named if isinstance(named, str) and named else self.model
 
     def _record(
         self, route: Route, relayed: Relayed, sent_at: float, done_at: float, sequence: int
@@ -271,7 +292,16 @@ class Exchange:
     def _abandoned(self) -> None:
         """The request still gets its count and log line, with where it went if it got that far."""
         message = "the client disconnected before its answer was complete"
-        route = self.route
+        route, relayed = self.route, self.relayed
+        if route is not None and relayed is not None and relayed.final_relayed:
+            # The final event reached the client before it closed: a complete answer (Codex
+            # closes right after response.completed), logged, counted and learned as one.
+            done_at = relayed.last_chunk_at or time.perf_counter()
+            sent_at, sequence = self.sent_at, self.sequence
+            self.state.bookkeeping.defer(
+                lambda: self._record(route, relayed, sent_at, done_at, sequence)
+            )
+            return
         if route is None:
             self._refused(_CLIENT_CLOSED, message)
             return
