@@ -142,7 +142,7 @@ class Exchange:
         headers = upstream_headers(
             self.request.headers, forward_auth=state.settings.server.forward_client_auth
         )
-        url = upstream_url(backend.base_url, self.request.path_qs)
+        url = upstream_url(backend.base_url, self.request.raw_path)
         with state.pool.lease(backend):
             self.sequence = sequence = backend.started_total
             self.sent_at = sent_at = time.perf_counter()

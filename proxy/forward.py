@@ -66,8 +66,8 @@ class ChunkRewriter(Protocol):
 _FINAL_EVENTS: dict[str, tuple[bytes, ...]] = {
     "chat": (b"\n\ndata: [DONE]",),
     "completions": (b"\n\ndata: [DONE]", b'"stop":true'),  # /completion's native last chunk
-    "responses": (b'"type":"response.completed"',),
-    "messages": (b'"type":"message_stop"',),
+    "responses": (b"\nevent: response.completed\n", b'"type":"response.completed"'),
+    "messages": (b"\nevent: message_stop\n", b'"type":"message_stop"'),
 }
 
 
@@ -101,10 +101,11 @@ class Relayed:
 
 
 @functools.lru_cache(maxsize=256)
-def upstream_url(base_url: str, path_qs: str) -> yarl.URL:
-    """A backend's URL for a request path, parsed once: aiohttp would parse the string again
-    for every request (~25 us on a cold path). Bounded: odd query strings evict each other."""
-    return yarl.URL(base_url + path_qs)
+def upstream_url(base_url: str, raw_path: str) -> yarl.URL:
+    """A backend's URL for a request's path and query as the client sent them (encoded: a
+    `%2F` in a query stays one), parsed once: aiohttp would parse the string again for every
+    request (~25 us on a cold path). Bounded: odd query strings evict each other."""
+    return yarl.URL(base_url + raw_path, encoded=True)
 
 
 def upstream_headers(client_headers: Mapping[str, str], *, forward_auth: bool) -> CIMultiDict[str]:

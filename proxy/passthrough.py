@@ -134,7 +134,7 @@ async def _relay(request: web.Request, backend: BackendSlot, raw: bytes) -> web.
     headers = upstream_headers(
         request.headers, forward_auth=state.settings.server.forward_client_auth
     )
-    url = upstream_url(backend.base_url, request.path_qs)
+    url = upstream_url(backend.base_url, request.raw_path)
     started = time.perf_counter()
     response = await open_upstream(
         state.client(), url, raw, headers, state.timeouts, method=request.method

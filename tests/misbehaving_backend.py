@@ -13,6 +13,10 @@ Modes:
   close-after-chunks    send N chunks, then drop the connection mid-stream
   flood                 stream `--flood-mb` MB of 64 KiB events as fast as the reader takes them
   echo-headers          answer a complete chat completion whose content is the headers received
+  hang-after-final      send N chunks and the API's final event, then never end the stream
+
+Whatever the mode, `POST /tokenize` and `GET /props` answer the method and path (with its query)
+they were called with.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ MODES = frozenset(
         "close-after-chunks",
         "flood",
         "echo-headers",
+        "hang-after-final",
     }
 )
 _FOREVER_S = 3600.0
@@ -109,7 +114,11 @@ def _stream_head(anthropic: bool) -> bytes:
     ).encode()
 
 
-def _stream_tail(anthropic: bool) -> bytes:
+def _stream_tail(anthropic: bool, responses: bool = False) -> bytes:
+    if responses:
+        usage = {"input_tokens": 1, "output_tokens": 8, "total_tokens": 9}
+        done = {"type": "response.completed", "response": {"status": "completed", "usage": usage}}
+        return f"event: response.completed\ndata: {json.dumps(done)}\n\n".encode()
     if not anthropic:
         return b"data: [DONE]\n\n"
     stop = {"type": "message_stop"}
@@ -145,7 +154,9 @@ async def _stream(
     if behaviour.mode == "close-after-chunks":
         _drop(request)
         return out
-    await out.write(_stream_tail(anthropic))
+    await out.write(_stream_tail(anthropic, request.path.endswith("/responses")))
+    if behaviour.mode == "hang-after-final":
+        await asyncio.sleep(_FOREVER_S)  # the answer is complete; the stream never ends
     await out.write_eof()
     return out
 
@@ -197,6 +208,10 @@ def _complete_body(content: str) -> dict[str, object]:
     }
 
 
+async def echo_request(request: web.Request) -> web.Response:
+    return web.json_response({"method": request.method, "path_qs": request.raw_path})
+
+
 async def health(_request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -210,6 +225,8 @@ def make_app(behaviour: Behaviour) -> web.Application:
     app[BEHAVIOUR] = behaviour
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_post("/tokenize", echo_request)
+    app.router.add_get("/props", echo_request)
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"):
         app.router.add_post(path, generate)
     return app
