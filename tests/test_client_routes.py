@@ -346,3 +346,12 @@ def test_responses_events_carry_indices_and_a_sequence(proxy: ProxyProcess) -> N
     assert deltas and all((e["output_index"], e["content_index"]) == (0, 0) for e in deltas)
     created = events[0]["response"]
     assert created["model"] == "mtp-demo" and created["output"] == [] and created["created_at"]
+
+
+def test_a_backend_error_on_count_tokens_comes_back_in_anthropic_shape(proxy: ProxyProcess) -> None:
+    client = anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.count_tokens(model="claude-sonnet-4-5", messages=[])
+    body = caught.value.body
+    assert isinstance(body, dict) and body["type"] == "error", body
+    assert body["error"]["type"] == "invalid_request_error" and body["error"]["message"]
