@@ -223,14 +223,13 @@ def test_simulator_and_llama_server_accept_the_same_shapes(
     llama: LlamaServer, simulator: ServerProcess, path: str, body: dict[str, Any], expected: int
 ) -> None:
     request = {"model": "any", "max_tokens": 4, **body}
-    real_status, real = post(llama.base_url, path, request)
-    sim_status, sim = post(simulator.url, path, request)
-    assert real_status == expected, real  # the case says what llama-server does
-    assert sim_status == expected, sim
-    counter = COUNTERS[path]
-    real_status, real = post(llama.base_url, counter, request)
-    sim_status, sim = post(simulator.url, counter, request)
-    assert (sim_status, real_status) == (expected, expected), (sim, real)
+    for target in (path, COUNTERS[path]):
+        real_status, real = post(llama.base_url, target, request)
+        sim_status, sim = post(simulator.url, target, request)
+        # The case says what llama-server does; a refusal may be its 500 ("Missing 'role'"),
+        # where the simulator says 400.
+        assert (real_status == 200) == (expected == 200), (target, real)
+        assert sim_status == expected, (target, sim)
     if expected == 200:
         assert sim["input_tokens"] > 0 and real["input_tokens"] > 0
         assert ("object" in sim) == ("object" in real) == (path != "/v1/messages")

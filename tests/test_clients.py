@@ -30,8 +30,9 @@ import openai
 import pytest
 
 from tests.harness import ProxyProcess, proxy_config, running_proxy, simulator_model
-from tests.llama_fixtures import LLAMA, make_models
 from tests.llama_pool import llama_model
+from tests.tinygguf import LlamaConfig, write_llama
+from tests.tinygguf.tokenizer import EOS_TOKEN, build_vocab
 
 pytestmark = pytest.mark.clients
 
@@ -40,6 +41,7 @@ CLIENTS = ROOT / ".clients"
 INSTALL_HINT = "run `bash scripts/install-clients.sh` (scripts/test.sh does)"
 KEY = "sk-local-test"
 RUN_TIMEOUT_S = 240.0
+LONG_CONTEXT = 131072  # two slots of 64k tokens
 DEAD_PROXY = "http://127.0.0.1:9"  # nothing listens: any non-loopback request fails at once
 
 
@@ -82,10 +84,16 @@ def _simulated(workdir: Path) -> dict[str, Any]:
 
 
 def _real(workdir: Path) -> dict[str, Any]:
-    model_path = make_models(workdir / "models")[LLAMA]
-    # Room for Claude Code's system prompt and tools (~60k tokens of this byte-level vocabulary);
-    # -n caps every answer (the model never stops on its own).
-    args = ["-c", "131072", "-np", "2", "-t", "1", "-n", "32"]
+    # The tiny llama model, trained (so to speak) for a context long enough for agent prompts:
+    # llama-server caps -c at the model's context length.
+    config = LlamaConfig(n_ctx=LONG_CONTEXT, name="tiny-llama-long")
+    model_path = write_llama(workdir / "tiny-llama-long.gguf", config)
+    # Room for Claude Code's system prompt and tools (~60k tokens of this byte-level vocabulary).
+    # The tiny model never picks its end token (its LM-head row is zero), and Claude Code takes
+    # an answer cut at max_tokens for an error: a bias on the end token ends answers after tens
+    # of tokens (measured: 12-74 at +7), with stop_reason end_turn.
+    eos = build_vocab(LlamaConfig().n_merges).special_ids[EOS_TOKEN]
+    args = ["-c", str(LONG_CONTEXT), "-np", "2", "-t", "1", "--logit-bias", f"{eos}+7"]
     model = llama_model(model_path, name="tiny", profiles=[{"name": "off"}], args=args)
     config = proxy_config([model])
     config["model_names"] = {"default": "tiny"}
