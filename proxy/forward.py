@@ -226,14 +226,15 @@ class FinalEventWatch:
         self._tail = b""
 
     def seen_in(self, chunk: bytes) -> bool:
-        if any(m in chunk for m in self._markers):
-            return True
+        for marker in self._markers:
+            if marker in chunk:
+                return True
         if not self._seam:
             return False
         seam = self._tail + chunk[: self._seam]
         tail = chunk if len(chunk) >= self._seam else self._tail + chunk
         self._tail = tail[-self._seam :]
-        return any(m in seam for m in self._markers)
+        return any(marker in seam for marker in self._markers)
 
 
 def is_event_stream(response: aiohttp.ClientResponse) -> bool:
