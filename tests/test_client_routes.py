@@ -83,10 +83,10 @@ def request_lines(proxy: ProxyProcess, keep: Callable[[dict[str, Any]], bool]) -
 def test_anthropic_sdk_counts_tokens_of_a_claude_model(proxy: ProxyProcess) -> None:
     client = anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0)
     short = client.messages.count_tokens(
-        model="claude-sonnet-4-5", messages=[{"role": "user", "content": "hi"}]
+        model="claude-haiku-4-5", messages=[{"role": "user", "content": "hi"}]
     )
     long = client.messages.count_tokens(
-        model="claude-sonnet-4-5",
+        model="claude-haiku-4-5",
         system="You are a coding agent.",
         messages=[{"role": "user", "content": "hi " * 200}],
     )
@@ -351,7 +351,7 @@ def test_responses_events_carry_indices_and_a_sequence(proxy: ProxyProcess) -> N
 def test_a_backend_error_on_count_tokens_comes_back_in_anthropic_shape(proxy: ProxyProcess) -> None:
     client = anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0)
     with pytest.raises(anthropic.BadRequestError) as caught:
-        client.messages.count_tokens(model="claude-sonnet-4-5", messages=[])
+        client.messages.count_tokens(model="claude-haiku-4-5", messages=[])
     body = caught.value.body
     assert isinstance(body, dict) and body["type"] == "error", body
     assert body["error"]["type"] == "invalid_request_error" and body["error"]["message"]

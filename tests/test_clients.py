@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -355,11 +356,54 @@ def test_openai_sdk_chat_and_responses_stream(target: Target) -> None:
 def test_anthropic_sdk_messages_stream_and_count_tokens(target: Target) -> None:
     sdk = anthropic.Anthropic(base_url=target.proxy.url, api_key=KEY, max_retries=0)
     messages: list[anthropic.types.MessageParam] = [{"role": "user", "content": "hi"}]
-    made = sdk.messages.create(model="claude-sonnet-4-5", max_tokens=16, messages=messages)
+    made = sdk.messages.create(model="claude-haiku-4-5", max_tokens=16, messages=messages)
     assert made.usage.output_tokens > 0
     with sdk.messages.stream(model="claude-haiku-4-5", max_tokens=16, messages=messages) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert final.content and final.content[0].type == "text" and final.content[0].text == text
-    counted = sdk.messages.count_tokens(model="claude-sonnet-4-5", messages=messages)
+    counted = sdk.messages.count_tokens(model="claude-haiku-4-5", messages=messages)
     assert counted.input_tokens > 0
+
+
+# --- llama-server's other routes, through the proxy -------------------------------------------
+
+
+def test_llama_server_routes_through_the_proxy(target: Target) -> None:
+    chat = {"messages": [{"role": "user", "content": "hello there"}]}
+    status, tokens = call(target, "POST", "/tokenize?with_pieces=false", {"content": "hello"})
+    assert status == 200 and tokens["tokens"], tokens
+    status, text = call(target, "POST", "/detokenize", {"tokens": tokens["tokens"]})
+    assert (status, text["content"]) == (200, "hello")
+    status, props = call(target, "GET", "/props")
+    assert status == 200 and props["default_generation_settings"]["n_ctx"] > 0
+    status, applied = call(target, "POST", "/apply-template", chat)
+    assert status == 200 and "hello there" in applied["prompt"]
+    for path, body in (
+        ("/v1/messages/count_tokens", {"model": "claude-haiku-4-5", **chat}),
+        ("/v1/chat/completions/input_tokens", chat),
+        ("/v1/responses/input_tokens", {"input": "hello there"}),
+    ):
+        status, counted = call(target, "POST", path, body)
+        assert status == 200 and counted["input_tokens"] > 0, (path, counted)
+    status, refused = call(target, "POST", "/slots/0?action=erase", {})
+    assert status == 403 and refused["error"]["type"] == "permission_error"
+    if target.name == "llama-server":  # routes the simulator does not serve
+        status, native = call(target, "POST", "/completion", {"prompt": "hi", "n_predict": 4})
+        assert status == 200 and native["tokens_predicted"] > 0 and "timings" in native
+        status, embeddings = call(target, "POST", "/v1/embeddings", {"input": "hi"})
+        assert status == 501 and "embeddings" in embeddings["error"]["message"]  # no --embeddings
+
+
+def call(target: Target, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    request = urllib.request.Request(
+        target.proxy.url + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
