@@ -42,6 +42,7 @@ _KNOWN: dict[str, bool] = {
     "-s": True,
     "--latent-sigma": True,
     "--acceptance-scale": True,
+    "--ignore-request-draft": False,
 }
 _NUMBER = re.compile(r"-\d")
 
@@ -105,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
         help="multiply the acceptance of code and/or prose requests by F (e.g. code=0.3; "
         "a bare F scales both)",
     )
+    p.add_argument(
+        "--ignore-request-draft",
+        action="store_true",
+        help='ignore a request\'s "speculative.n_max" like stock llama-server (default: honour '
+        "it like the patched build)",
+    )
     return p
 
 
@@ -158,6 +165,7 @@ def parse_config(argv: Sequence[str]) -> SimConfig:
         seed=args.seed,
         latent_sigma=args.latent_sigma,
         acceptance_scale=scales,
+        request_draft=not args.ignore_request_draft,
     )
 
 

@@ -27,3 +27,6 @@ class SimConfig:
     # that is bad at code, say); tests and the routing benchmark use it to make one profile
     # collapse on one kind of traffic.
     acceptance_scale: dict[str, float] = field(default_factory=dict)
+    # "speculative.n_max" per request, as the project's patched llama-server; False
+    # (--ignore-request-draft) ignores the key like stock llama-server, which compiles it out.
+    request_draft: bool = True

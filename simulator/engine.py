@@ -17,15 +17,20 @@ from typing import Any
 
 from simulator import model
 from simulator.config import SimConfig
+from simulator.depth import request_draft
 from simulator.metrics import Metrics
 from simulator.model import DraftSettings, Kind
 from simulator.presets import Preset
 from simulator.prompts import Prompt
-from simulator.slots import SlotPool, common_prefix
+from simulator.slots import Slot, SlotPool, common_prefix
 from simulator.textgen import OutputText, Passage
 from simulator.tokens import Tokenizer, content_kind
 
 _LATENT_KEY_CHARS = 2048  # the "first part" of a prompt that identifies its session
+# Acceptance drifts with context by well under 0.1 % per 32 tokens (ctx_half is 50k-250k), so a
+# request's drafting law is recomputed that often rather than at every step: steps are the
+# simulator's hot loop (thousands of streams in the load benchmarks).
+_LAW_REFRESH_TOKENS = 32
 
 
 class ContextTooLong(ValueError):
@@ -78,6 +83,7 @@ class Job:
     start: int  # first passage token of the answer
     rng: random.Random
     task_id: int
+    draft: DraftSettings  # what this request drafts (its "speculative.n_max" within the process's)
     timings: Timings = field(default_factory=Timings)
     produced: int = 0
     finish_reason: str = "length"
@@ -105,6 +111,10 @@ def _digest(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
+def _depth(draft: DraftSettings) -> int:
+    return draft.n_max if draft.enabled else 0
+
+
 class Engine:
     def __init__(self, config: SimConfig, preset: Preset) -> None:
         self.config = config
@@ -127,8 +137,10 @@ class Engine:
         )
         return lo + digest % (hi - lo + 1)
 
-    def job(self, prompt: Prompt, max_tokens: int | None, ignore_eos: bool) -> Job:
-        """Plan a request: tokens, kind, latent, length. Raises ContextTooLong."""
+    def job(
+        self, prompt: Prompt, max_tokens: int | None, ignore_eos: bool, depth: int | None = None
+    ) -> Job:
+        """Plan a request: tokens, kind, latent, length, draft depth. Raises ContextTooLong."""
         tokens = self.tokenizer.encode(prompt.text)
         if len(tokens) >= self.n_ctx:
             raise ContextTooLong(len(tokens), self.n_ctx)
@@ -152,11 +164,12 @@ class Engine:
             start=passage.starts[digest % len(passage.starts)],
             rng=random.Random(_digest(self.config.seed, digest, task_id)),
             task_id=task_id,
+            draft=request_draft(self.draft, depth),
         )
 
     async def run(self, job: Job) -> AsyncGenerator[int, None]:
         """Wait for a slot, prefill, then yield the number of new tokens after each step."""
-        pool, draft, preset, t = self.pool, self.draft, self.preset, job.timings
+        pool, process, draft, preset, t = self.pool, self.draft, job.draft, self.preset, job.timings
         slot = await pool.acquire(job.tokens)
         per_pos = [0] * draft.n_max if draft.enabled else []
         steps = busy = drafts = 0
@@ -165,19 +178,19 @@ class Engine:
             t.cache_n = min(common_prefix(slot.cache, job.tokens), len(job.tokens) - 1)
             t.prompt_n = len(job.tokens) - t.cache_n
             slot.cache = job.tokens[: t.cache_n]  # what survives if we are cancelled mid-way
-            t.prompt_ms = model.prefill_ms(preset, draft, t.prompt_n, t.cache_n)
+            t.prompt_ms = model.prefill_ms(preset, process, t.prompt_n, t.cache_n)
             pacer = _Pacer(self.config.time_scale)
             await pacer.advance(t.prompt_ms)
-            slot.decoding = True
-            pool.n_decoding += 1
             context = len(job.tokens)
+            pool.start_decoding(slot, _depth(draft), 0.0)
+            law, law_context = None, 0
             while job.produced < job.limit:
+                if law is None or context - law_context >= _LAW_REFRESH_TOKENS:
+                    law, law_context = self._law(job, context), context
+                    self._publish_overhead(slot, law, job.draft, context)
                 concurrent = pool.n_decoding
-                law = model.drafter(
-                    preset, model.acceptance(preset, context, job.kind, job.latent), draft
-                )
                 drafted, accepted = model.sample_step(job.rng, law, draft)
-                step = model.step_ms(preset, draft, context, drafted, concurrent)
+                step = self._step_ms(slot, draft, context, drafted)
                 t.predicted_ms += step
                 steps += 1
                 busy += concurrent
@@ -196,7 +209,6 @@ class Engine:
             job.finish_reason = "stop" if job.natural else "length"
         finally:
             if slot.decoding:
-                pool.n_decoding -= 1
                 generated = job.passage.token_ids(job.start, job.produced)
                 pool.release(slot, job.tokens + generated)
             else:  # cancelled before the prompt was in: keep the reused prefix only
@@ -215,6 +227,36 @@ class Engine:
                 per_pos=per_pos,
             )
 
+    def _law(self, job: Job, context: int) -> model.Drafter:
+        acceptance = model.acceptance(self.preset, context, job.kind, job.latent)
+        return model.drafter(self.preset, acceptance, job.draft)
+
+    def _publish_overhead(
+        self, slot: Slot, law: model.Drafter, draft: DraftSettings, context: int
+    ) -> None:
+        """Tell the pool what this request adds to the shared step (in an MTP process)."""
+        if self.draft.enabled:
+            drafting = model.expected_step(law, draft).drafted
+            overhead = model.speculative_overhead(self.preset, draft, self.draft, context, drafting)
+            self.pool.set_overhead(slot, overhead)
+
+    def _step_ms(self, slot: Slot, draft: DraftSettings, context: int, drafted: int) -> float:
+        """One step of this slot, shared with every slot decoding now (MODEL.md)."""
+        pool, process = self.pool, self.draft
+        neighbours = None  # no speculation in the process: nothing to share or mix
+        if process.enabled:
+            others = max(0.0, pool.overhead_sum - slot.overhead)
+            neighbours = model.Neighbours(pool.n_decoding - 1, others, pool.n_depths - 1)
+        return model.step_ms(
+            self.preset, draft, context, drafted, pool.n_decoding, process, neighbours
+        )
+
+    def _neighbours(self, draft: DraftSettings) -> model.Neighbours:
+        """The requests decoding now, as seen by one more at `draft`'s depth."""
+        pool, depth = self.pool, _depth(draft)
+        depths = pool.n_depths + (0 if pool.has_depth(depth) else 1)
+        return model.Neighbours(pool.n_decoding, pool.overhead_sum, depths - 1)
+
     def predict(
         self,
         prompt: Prompt,
@@ -222,14 +264,32 @@ class Engine:
         ignore_eos: bool,
         draft: DraftSettings | None = None,
         concurrent: int | None = None,
+        depth: int | None = None,
     ) -> dict[str, Any]:
-        """Expected figures of a request on this server (its caches, its load), not run."""
+        """Expected figures of a request on this server (its caches, its load), not run.
+
+        `draft` replaces the process's start-up settings; `depth` is the request's own
+        "speculative.n_max" within them.
+        """
         job = self.job(prompt, max_tokens, ignore_eos)
         cached = min(self.pool.best_prefix(job.tokens), len(job.tokens) - 1)
-        settings = self.draft if draft is None else draft
-        n = self.pool.n_decoding + 1 if concurrent is None else max(1, concurrent)
+        process = self.draft if draft is None else draft
+        settings = request_draft(process, depth)
+        if concurrent is None:  # this server's load as it is: who decodes, at which depths
+            n, neighbours = self.pool.n_decoding + 1, self._neighbours(settings)
+        else:  # a hypothetical load: the others draft as this one
+            n, neighbours = max(1, concurrent), None
         pred = model.predict(
-            self.preset, settings, len(job.tokens), cached, job.kind, job.latent, job.limit, n
+            self.preset,
+            settings,
+            len(job.tokens),
+            cached,
+            job.kind,
+            job.latent,
+            job.limit,
+            n,
+            process,
+            neighbours,
         )
         return {
             "prompt_tokens": len(job.tokens),

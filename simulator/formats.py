@@ -27,6 +27,7 @@ class Api(StrEnum):
     COMPLETION = "completion"
     RESPONSES = "responses"
     MESSAGES = "messages"
+    NATIVE = "native"  # llama-server's own /completion
 
 
 def _dumps(value: Any) -> str:
@@ -110,6 +111,10 @@ class Response:
                 f',"created":{self.created},"model":{_dumps(self.model)},'
                 f'"system_fingerprint":"{BUILD_INFO}","object":"text_completion","id":"{self.id}"'
             ).encode()
+        if self.api is Api.NATIVE:
+            n_prompt = len(self.job.tokens)
+            tail = f',"tokens":[],"stop":false,"id_slot":-1,"tokens_evaluated":{n_prompt}'
+            return b'data: {"index":0,"content":', tail.encode()
         if self.api is Api.RESPONSES:
             head = 'event: response.output_text.delta\ndata: {"type":"response.output_text.delta"'
             return f'{head},"item_id":"{self.message_id}","delta":'.encode(), b""
@@ -213,6 +218,8 @@ class Response:
             return out + _data(final) + _data(usage) + DONE
         if self.api is Api.COMPLETION:
             return out + _data({**self._completion(""), "timings": timings}) + DONE
+        if self.api is Api.NATIVE:  # no [DONE] on llama-server's own stream
+            return out + _data(self._native(""))
         if self.api is Api.RESPONSES:
             return out + self._responses_end(text, timings)
         return out + self._messages_end()
@@ -294,8 +301,30 @@ class Response:
             "id": self.id,
         }
 
+    def _native(self, text: str) -> dict[str, Any]:
+        """llama-server's /completion result (without generation_settings and the prompt)."""
+        t, prompt = self.job.timings, len(self.job.tokens)
+        return {
+            "index": 0,
+            "content": text,
+            "tokens": [],
+            "id_slot": 0,
+            "stop": True,
+            "model": self.model,
+            "tokens_predicted": t.predicted_n,
+            "tokens_evaluated": prompt,
+            "has_new_line": "\n" in text,
+            "truncated": False,
+            "stop_type": "eos" if self.job.finish_reason == "stop" else "limit",
+            "stopping_word": "",
+            "tokens_cached": prompt + t.predicted_n,
+            "timings": t.to_json(),
+        }
+
     def body(self, text: str) -> dict[str, Any]:
         job = self.job
+        if self.api is Api.NATIVE:
+            return self._native(text)
         if self.api is Api.COMPLETION:
             return {**self._completion(text), "timings": job.timings.to_json()}
         if self.api is Api.CHAT:

@@ -10,7 +10,8 @@ step of a request:
    target just produced);
 3. verifies: drafted tokens are accepted in order until the first rejection, plus the target's
    own token, so a step yields 1 + accepted tokens (E = (1 - a^(k+1)) / (1 - a) per regime);
-4. costs base(ctx) * [b(s) + (sigma + k * (delta + nu * ctx / 1000)) * o(s)] simulated ms.
+4. costs base(ctx) * [b(s) + mean x * o(s) + mixed passes] simulated ms, x = sigma + k * (delta
+   + nu * ctx / 1000) per drafting request, averaged over the requests decoding in that step.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import random
 from dataclasses import dataclass
 from enum import StrEnum
 from statistics import NormalDist
+from typing import NamedTuple
 
 from simulator.presets import Preset
 
@@ -36,7 +38,7 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True)
 class DraftSettings:
-    """The speculative settings of one server process (llama-server's --spec-* flags)."""
+    """A server process's speculative settings (llama-server's --spec-* flags), or one request's."""
 
     spec_type: str = "none"
     n_max: int = 16
@@ -165,27 +167,77 @@ def sample_step(rng: random.Random, law: Drafter, draft: DraftSettings) -> tuple
     return drafted, accepted
 
 
-def base_step_ms(preset: Preset, draft: DraftSettings, context_tokens: float) -> float:
-    """A plain (non-speculative) decode step of one sequence at this context."""
+def base_step_ms(preset: Preset, process: DraftSettings, context_tokens: float) -> float:
+    """A plain (non-speculative) decode step of one sequence at this context.
+
+    The spill depends on the process's start-up depth (its compute buffers are sized then), not
+    on what one request drafts.
+    """
     ms = preset.decode.t0_ms * (1.0 + max(0.0, context_tokens) / preset.decode.ctx_half)
     spill = preset.spec.spill_n_max
-    if draft.enabled and spill > 0 and draft.n_max >= spill:
+    if process.enabled and spill > 0 and process.n_max >= spill:
         ms *= preset.spec.spill_slowdown
     return ms
 
 
-def step_ms(
-    preset: Preset, draft: DraftSettings, context_tokens: float, drafted: float, concurrent: int
+class Neighbours(NamedTuple):
+    """What else decodes on the server during one request's step (a tuple: made every step)."""
+
+    others: int  # other decoding requests
+    overhead: float  # the sum of their speculative_overhead()
+    extra_depths: int  # distinct draft depths among all decoding requests, minus one
+
+
+def speculative_overhead(
+    preset: Preset, draft: DraftSettings, process: DraftSettings, context: float, drafted: float
 ) -> float:
-    """Simulated duration of one verification step with `drafted` draft tokens (may be a mean)."""
-    extra = max(0, concurrent - 1)
-    batch = 1.0 + preset.decode.batch_growth * extra
-    cost = batch
+    """One request's share of a step beyond the plain decode, in plain steps.
+
+    Drafting and verifying `drafted` tokens; at depth 0 in an MTP process the MTP head's
+    catch-up pass and the recurrent snapshot planes (`depth0_cost`); nothing without MTP.
+    """
+    spec = preset.spec
     if draft.enabled:
-        spec = preset.spec
-        per_draft = spec.draft_cost + spec.verify_cost_per_ktok * max(0.0, context_tokens) / 1e3
-        cost += (spec.step_overhead + drafted * per_draft) * (1.0 + spec.concurrency_growth * extra)
-    return base_step_ms(preset, draft, context_tokens) * cost
+        per_draft = spec.draft_cost + spec.verify_cost_per_ktok * max(0.0, context) / 1e3
+        return spec.step_overhead + drafted * per_draft
+    return spec.depth0_cost if process.enabled else 0.0
+
+
+def concurrency_factor(preset: Preset, concurrent: int) -> float:
+    """o(s): growth of the speculative overhead with s requests decoding (see MODEL.md)."""
+    extra = max(0, concurrent - 1)
+    split = preset.spec.concurrency_split if extra else 0.0
+    return 1.0 + split + preset.spec.concurrency_growth * extra
+
+
+def step_ms(
+    preset: Preset,
+    draft: DraftSettings,
+    context_tokens: float,
+    drafted: float,
+    concurrent: int,
+    process: DraftSettings | None = None,
+    neighbours: Neighbours | None = None,
+) -> float:
+    """Simulated duration of one verification step with `drafted` draft tokens (may be a mean).
+
+    `draft` is what this request drafts, `process` the server's start-up settings (default: the
+    same): a request at depth 2 in a depth-3 process drafts like depth 2. The speculative part
+    of the step is the mean over the decoding requests (`neighbours`; default: the others draft
+    as this one), and each extra draft depth among them costs `mixed_depth_pass` plain steps
+    (hybrid models cannot put different draft lengths in one ubatch).
+    """
+    process = process or draft
+    s = max(1, concurrent)
+    own = speculative_overhead(preset, draft, process, context_tokens, drafted)
+    cost = 1.0 + preset.decode.batch_growth * (s - 1)
+    if neighbours is None:
+        mean, extra_depths = own, 0
+    else:
+        mean = (own + neighbours.overhead) / (neighbours.others + 1)
+        extra_depths = neighbours.extra_depths if process.enabled else 0
+    cost += mean * concurrency_factor(preset, s) + preset.spec.mixed_depth_pass * extra_depths
+    return base_step_ms(preset, process, context_tokens) * cost
 
 
 def decode_speed(
@@ -195,11 +247,13 @@ def decode_speed(
     kind: Kind,
     latent: float = 1.0,
     concurrent: int = 1,
+    process: DraftSettings | None = None,
+    neighbours: Neighbours | None = None,
 ) -> tuple[float, StepExpectation]:
     """Expected decode tokens/s of one request, and its per-step expectation."""
     a = acceptance(preset, context_tokens, kind, latent)
     exp = expected_step(drafter(preset, a, draft), draft)
-    ms = step_ms(preset, draft, context_tokens, exp.drafted, concurrent)
+    ms = step_ms(preset, draft, context_tokens, exp.drafted, concurrent, process, neighbours)
     return 1e3 * exp.tokens / ms, exp
 
 
@@ -223,16 +277,19 @@ def predict(
     latent: float,
     output_tokens: int,
     concurrent: int = 1,
+    process: DraftSettings | None = None,
+    neighbours: Neighbours | None = None,
 ) -> Prediction:
     """Expected figures of one request without running it.
 
     context_tokens is the whole prompt (cached + to process); decode is evaluated at the mean
-    context over the answer (prompt + output / 2).
+    context over the answer (prompt + output / 2). `draft` is what the request drafts, `process`
+    the server's start-up settings (default: the same; prefill pays for the MTP head loaded).
     """
     cached = max(0, min(cached_tokens, context_tokens - 1))
-    prefill_s = prefill_ms(preset, draft, context_tokens - cached, cached) / 1e3
+    prefill_s = prefill_ms(preset, process or draft, context_tokens - cached, cached) / 1e3
     mid = context_tokens + output_tokens / 2.0
-    speed, exp = decode_speed(preset, draft, mid, kind, latent, concurrent)
+    speed, exp = decode_speed(preset, draft, mid, kind, latent, concurrent, process, neighbours)
     return Prediction(
         prefill_s=prefill_s,
         decode_tok_s=speed,

@@ -7,7 +7,7 @@ is a new data file, not new code.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +30,10 @@ class SpecCost:
     concurrency_growth: float  # growth of the speculative overhead per extra decoding slot
     spill_n_max: int  # n_max from which the draft buffers spill VRAM (0: never)
     spill_slowdown: float  # step-time multiplier once spilled
+    # Optional (0: no such cost), so older preset files stay valid:
+    concurrency_split: float = 0.0  # one-off growth of the speculative overhead once 2+ decode
+    depth0_cost: float = 0.0  # a depth-0 request in an MTP process (fraction of a plain step)
+    mixed_depth_pass: float = 0.0  # per extra draft depth among decoding slots (plain steps)
 
 
 @dataclass(frozen=True)
@@ -89,9 +93,11 @@ def _section(cls: type[T], data: dict[str, Any], key: str) -> T:
     raw = data.get(key)
     if not isinstance(raw, dict):
         raise ValueError(f"preset: missing table [{key}]")
-    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    known = fields(cls)  # type: ignore[arg-type]
+    names = {f.name for f in known}
+    required = {f.name for f in known if f.default is MISSING}
     unknown = set(raw) - names
-    missing = names - set(raw)
+    missing = required - set(raw)
     if unknown or missing:
         raise ValueError(f"preset [{key}]: unknown {sorted(unknown)}, missing {sorted(missing)}")
     return cls(**raw)

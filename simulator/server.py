@@ -12,6 +12,7 @@ import structlog
 from aiohttp import web
 
 from simulator.config import SimConfig
+from simulator.depth import requested_depth
 from simulator.engine import ContextTooLong, Engine
 from simulator.formats import Api, Response
 from simulator.info import detokenize, health, metrics, models, props, slots, tokenize
@@ -35,12 +36,14 @@ _PARSERS: dict[Api, Callable[[dict[str, Any]], Prompt]] = {
     Api.COMPLETION: completion_prompt,
     Api.RESPONSES: responses_prompt,
     Api.MESSAGES: messages_prompt,
+    Api.NATIVE: completion_prompt,
 }
 _MAX_TOKENS_KEYS: dict[Api, tuple[str, ...]] = {
     Api.CHAT: ("n_predict", "max_completion_tokens", "max_tokens"),
     Api.COMPLETION: ("n_predict", "max_tokens"),
     Api.RESPONSES: ("n_predict", "max_output_tokens"),
     Api.MESSAGES: ("n_predict", "max_tokens"),
+    Api.NATIVE: ("n_predict", "max_tokens"),
 }
 
 
@@ -87,7 +90,8 @@ async def _complete(api: Api, request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     body = await json_body(request)
     prompt = _PARSERS[api](body)
-    job = engine.job(prompt, _max_tokens(body, api), bool(body.get("ignore_eos")))
+    depth = requested_depth(body) if engine.config.request_draft else None
+    job = engine.job(prompt, _max_tokens(body, api), bool(body.get("ignore_eos")), depth)
     model = body.get("model")
     resp = Response(
         api, model if isinstance(model, str) and model else model_name(engine), job, body
@@ -121,6 +125,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     return await _complete(Api.COMPLETION, request)
+
+
+async def native_completion(request: web.Request) -> web.StreamResponse:
+    return await _complete(Api.NATIVE, request)
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
@@ -195,6 +203,7 @@ async def sim_predict(request: web.Request) -> web.Response:
         bool(body.get("ignore_eos")),
         _draft_from(body.get("draft"), engine.draft),
         concurrent,
+        requested_depth(body) if engine.config.request_draft else None,
     )
     return web.json_response(result)
 
@@ -222,6 +231,7 @@ def create_app(config: SimConfig, preset: Preset) -> web.Application:
         r.add_post(path, chat_completions)
     for path in ("/v1/completions", "/completions"):
         r.add_post(path, completions)
+    r.add_post("/completion", native_completion)
     for path in ("/v1/responses", "/responses"):
         r.add_post(path, responses)
     r.add_post("/v1/messages", messages)

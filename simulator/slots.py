@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 _SIMILARITY = 0.1  # llama-server --slot-prompt-similarity default
@@ -44,6 +44,8 @@ class Slot:
     n_prompt: int = 0
     n_decoded: int = 0
     last_used: int = 0
+    depth: int = 0  # draft depth of the request decoding here
+    overhead: float = 0.0  # its expected speculative share of a step (model.speculative_overhead)
 
 
 @dataclass
@@ -58,6 +60,36 @@ class SlotPool:
         self._waiters: deque[_Waiter] = deque()
         self._clock = itertools.count(1)
         self.n_decoding = 0
+        # Running totals over the decoding slots, kept as they change: a step reads them in O(1)
+        # however many slots there are.
+        self.overhead_sum = 0.0
+        self._depths: Counter[int] = Counter()
+
+    @property
+    def n_depths(self) -> int:
+        """Distinct draft depths among the decoding slots."""
+        return len(self._depths)
+
+    def has_depth(self, depth: int) -> bool:
+        return depth in self._depths
+
+    def start_decoding(self, slot: Slot, depth: int, overhead: float) -> None:
+        slot.decoding, slot.depth, slot.overhead = True, depth, overhead
+        self.n_decoding += 1
+        self._depths[depth] += 1
+        self.overhead_sum += overhead
+
+    def set_overhead(self, slot: Slot, overhead: float) -> None:
+        self.overhead_sum += overhead - slot.overhead
+        slot.overhead = overhead
+
+    def _stop_decoding(self, slot: Slot) -> None:
+        slot.decoding = False
+        self.n_decoding -= 1
+        self._depths[slot.depth] -= 1
+        if not self._depths[slot.depth]:
+            del self._depths[slot.depth]
+        self.overhead_sum = self.overhead_sum - slot.overhead if self.n_decoding else 0.0
 
     @property
     def n_busy(self) -> int:
@@ -103,8 +135,9 @@ class SlotPool:
         """Free the slot (keeping `cache` as its prompt cache) and hand it to the next waiter."""
         if cache is not None:
             slot.cache = cache
+        if slot.decoding:
+            self._stop_decoding(slot)
         slot.busy = False
-        slot.decoding = False
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.future.done():

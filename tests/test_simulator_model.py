@@ -25,62 +25,84 @@ def mtp(n_max: int, n_min: int = 0, p_min: float = 0.75) -> DraftSettings:
     return DraftSettings("draft-mtp", n_max, n_min, p_min)
 
 
+# --- calibration: the published figures of mtp-data.md, as published --------------------------
+#
+# Each expectation below is a published figure (Setup A table, Setup B table), never a value read
+# back from a preset. The tolerances are the ones README.md ("Simulator calibration") and
+# simulator/MODEL.md ("Calibration") state. The `off` rows are what each preset's t0_ms was
+# fitted to, so for them these tests check the fit; the MTP rows come from the spec and
+# acceptance constants, fitted jointly to all rows.
+
+README_TOK_S = 0.003  # README: "Setup A tok/s within 0.3% of all five published rows"
+MODEL_MD_ACCEPTANCE_POINTS = 0.01  # MODEL.md: the rows that can be met are met within 1 point
+MODEL_MD_CONFLICT_POINTS = 0.07  # MODEL.md: n_max 1 and n_max 2 / n_min 2 cannot both be met
+
+SETUP_A_OFF_TOK_S = 61.26
+# (draft, published tok/s, published acceptance, acceptance tolerance)
+SETUP_A_TABLE = [
+    (mtp(1, 0), 59.93, 0.435, MODEL_MD_CONFLICT_POINTS),
+    (mtp(2, 0), 62.99, 0.549, MODEL_MD_ACCEPTANCE_POINTS),
+    (mtp(2, 1), 65.78, 0.561, MODEL_MD_ACCEPTANCE_POINTS),
+    (mtp(2, 2), 62.22, 0.541, MODEL_MD_CONFLICT_POINTS),
+]
+SETUP_B_OFF_TOK_S = 38.86
+SETUP_B_GREETING_MTP3_TOK_S = (65.0, 67.0)
+SETUP_B_GREETING_MTP3_SPEEDUP = 1.71
+SETUP_B_GAME_MTP3_TOK_S = (56.0, 61.0)
+
+
 # Setup A scenario: long-context code work, 64k-token prompt, 512 tokens out, latent 1.
 def setup_a(draft: DraftSettings) -> model.Prediction:
     return model.predict(SETUP_A, draft, 65536, 0, Kind.CODE, 1.0, 512)
 
 
-SETUP_A_TABLE = [  # (draft, tok/s, acceptance) from mtp-data.md
-    (mtp(1, 0), 59.93, 0.435),
-    (mtp(2, 0), 62.99, 0.549),
-    (mtp(2, 1), 65.78, 0.561),
-    (mtp(2, 2), 62.22, 0.541),
-]
-
-
 def test_setup_a_off_speed() -> None:
-    assert setup_a(OFF).decode_tok_s == pytest.approx(61.26, rel=0.03)
+    assert setup_a(OFF).decode_tok_s == pytest.approx(SETUP_A_OFF_TOK_S, rel=README_TOK_S)
 
 
-@pytest.mark.parametrize(("draft", "tok_s", "acc"), SETUP_A_TABLE)
-def test_setup_a_rows_within_3_percent(draft: DraftSettings, tok_s: float, acc: float) -> None:
+@pytest.mark.parametrize(("draft", "tok_s", "acc", "acc_points"), SETUP_A_TABLE)
+def test_setup_a_rows_within_the_readme_tolerance(
+    draft: DraftSettings, tok_s: float, acc: float, acc_points: float
+) -> None:
     pred = setup_a(draft)
-    assert pred.decode_tok_s == pytest.approx(tok_s, rel=0.03)
+    assert pred.decode_tok_s == pytest.approx(tok_s, rel=README_TOK_S)
     # n_max 1 (43.5 %) and n_max 2/n_min 2 (54.1 %) cannot both be met: a setting that always
-    # drafts position 0 cannot accept more than position 0 does (MODEL.md); 7 points of slack.
-    assert pred.acceptance == pytest.approx(acc, abs=0.07)
-
-
-def test_setup_a_acceptance_of_the_n_max_2_free_rows_is_close() -> None:
-    assert setup_a(mtp(2, 0)).acceptance == pytest.approx(0.549, abs=0.02)
-    assert setup_a(mtp(2, 1)).acceptance == pytest.approx(0.561, abs=0.02)
+    # drafts position 0 cannot accept more than position 0 does (MODEL.md).
+    assert pred.acceptance == pytest.approx(acc, abs=acc_points)
 
 
 def test_setup_a_ordering() -> None:
-    speeds = {d: setup_a(d).decode_tok_s for d, _, _ in SETUP_A_TABLE}
-    assert max(speeds, key=lambda d: speeds[d]) == mtp(2, 1)
-    assert speeds[mtp(1, 0)] < setup_a(OFF).decode_tok_s
+    speeds = {row[0]: setup_a(row[0]).decode_tok_s for row in SETUP_A_TABLE}
+    assert max(speeds, key=lambda d: speeds[d]) == mtp(2, 1)  # published: best, +7.4 %
+    assert speeds[mtp(1, 0)] < setup_a(OFF).decode_tok_s  # published: "slower"
     # n_max 3 spills the compute buffer out of VRAM at 262k context: speed collapses
     assert setup_a(mtp(3, 0)).decode_tok_s < 0.8 * setup_a(OFF).decode_tok_s
 
 
-def setup_b_ratio(draft: DraftSettings, context: int, kind: Kind, out: int) -> float:
-    on = model.predict(SETUP_B, draft, context, 0, kind, 1.0, out)
-    off = model.predict(SETUP_B, OFF, context, 0, kind, 1.0, out)
-    return on.decode_tok_s / off.decode_tok_s
+def setup_b(draft: DraftSettings, context: int, kind: Kind, out: int) -> float:
+    return model.predict(SETUP_B, draft, context, 0, kind, 1.0, out).decode_tok_s
 
 
 def test_setup_b_greeting() -> None:
-    off = model.predict(SETUP_B, OFF, 30, 0, Kind.PROSE, 1.0, 64)
-    assert off.decode_tok_s == pytest.approx(38.86, rel=0.01)
-    assert setup_b_ratio(mtp(3), 30, Kind.PROSE, 64) == pytest.approx(1.71, rel=0.05)
+    off = setup_b(OFF, 30, Kind.PROSE, 64)
+    on = setup_b(mtp(3), 30, Kind.PROSE, 64)
+    assert off == pytest.approx(SETUP_B_OFF_TOK_S, rel=README_TOK_S)
+    low, high = SETUP_B_GREETING_MTP3_TOK_S
+    assert low <= on <= high
+    assert on / off == pytest.approx(SETUP_B_GREETING_MTP3_SPEEDUP, rel=README_TOK_S)
 
 
 def test_setup_b_write_a_game_in_python() -> None:
-    assert 1.45 <= setup_b_ratio(mtp(3), 40, Kind.CODE, 800) <= 1.60
+    low, high = SETUP_B_GAME_MTP3_TOK_S
+    assert low <= setup_b(mtp(3), 40, Kind.CODE, 800) <= high
+
+
+def setup_b_ratio(draft: DraftSettings, context: int, kind: Kind, out: int) -> float:
+    return setup_b(draft, context, kind, out) / setup_b(OFF, context, kind, out)
 
 
 def test_setup_b_long_context_code_loses_and_short_chat_prefers_max() -> None:
+    # vLLM #47602 (Qwen3.6-27B MTP): net loss at long context
     assert setup_b_ratio(mtp(3), 80000, Kind.CODE, 512) < 1.0
     assert setup_b_ratio(mtp(2, 1), 80000, Kind.CODE, 512) < 1.0
     assert setup_b_ratio(mtp(3), 30, Kind.PROSE, 64) > setup_b_ratio(mtp(2, 1), 30, Kind.PROSE, 64)
