@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.model_names import ModelCatalog
 from proxy.settings import ConfigError, backend_specs, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,3 +97,11 @@ def test_toml_syntax_error_exits_2(tmp_path: Path) -> None:
     result = run_cli("check-config", str(path))
     assert result.returncode == 2
     assert "TOML syntax" in result.stderr
+
+
+def test_embedded_default_answers_any_model_name() -> None:
+    # As a single llama-server does: Claude Code's claude-* names, Codex's gpt-*, none at all.
+    settings = load_settings(None)
+    catalog = ModelCatalog(settings.models, settings.model_names)
+    for name in ("claude-opus-4-5", "claude-haiku-4-5", "gpt-5-codex", "demo", "", None):
+        assert catalog.resolve(name) == "mtp-demo", name
