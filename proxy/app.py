@@ -139,11 +139,18 @@ def _track(state: ProxyState, changed: Backend) -> None:
     slot = state.pool.update(current.spec, current.state, current.base_url)
     if slot.ready:
         state.admission.notify(slot.model, state.pool.free_slots(slot.model))
-    if not state.notified_ready and all(
-        state.pool.ready_of_model(m) for m in state.models.primary_names()
-    ):
+    _notify_ready_once_serving(state)
+
+
+def _notify_ready_once_serving(state: ProxyState) -> None:
+    """systemd Type=notify: READY=1 once the listener is up and every model has a ready
+    backend, whichever comes last (backends start before the listener, and with stagger_s
+    the first may be ready long before it: systemd would then send traffic to a closed port)."""
+    if state.notified_ready or not state.listening:
+        return
+    if all(state.pool.ready_of_model(m) for m in state.models.primary_names()):
         state.notified_ready = True
-        sdnotify.notify("READY=1")  # systemd Type=notify: the pool can serve now
+        sdnotify.notify("READY=1")
 
 
 async def _housekeeping(app: web.Application) -> AsyncIterator[None]:
@@ -211,6 +218,8 @@ async def serve(
             await site.start()
             port = _bound_port(runner)
             log.info("listening", host=settings.server.host, port=port)
+            app[STATE].listening = True
+            _notify_ready_once_serving(app[STATE])
             if on_listening is not None:
                 on_listening(port)
             await (stop.wait() if shutdown_trigger is None else shutdown_trigger())

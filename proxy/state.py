@@ -55,6 +55,7 @@ class ProxyState:
     request_ids: RequestIds = field(default_factory=RequestIds)
     session: aiohttp.ClientSession | None = None
     supervisor: Supervisor | None = None
+    listening: bool = False  # the listener is up: READY=1 may be sent from now on
     notified_ready: bool = False
     # Bound once (logging is configured before the app is made): building a logger from
     # structlog's configuration for every request took ~70 us on a cold path.

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# System tools some tests drive: promtool (Prometheus rules/config/metrics checks) and
-# systemd-analyze (unit verification). Installed from Debian's packages when missing and root.
+# System tools some tests drive: prometheus (a live scrape of a running proxy, every dashboard
+# query and alert rule evaluated), promtool (rules/config/metrics checks), both from Debian's
+# `prometheus` package, and systemd-analyze (unit verification). Installed from Debian's
+# packages when missing and root.
 set -euo pipefail
 missing=()
-command -v promtool >/dev/null || missing+=(prometheus)
+{ command -v promtool && command -v prometheus; } >/dev/null || missing+=(prometheus)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -74,9 +74,19 @@ def _behaviour(request: web.Request) -> Behaviour:
     return Behaviour(mode, chunks, default.interval_s, default.flood_mb)
 
 
-def _openai_chunk(text: str) -> bytes:
+def _chat_chunk(text: str) -> bytes:
     delta = {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
     return f"data: {json.dumps(delta)}\n\n".encode()
+
+
+def _completion_chunk(text: str) -> bytes:
+    chunk = {"object": "text_completion", "choices": [{"index": 0, "text": text}]}
+    return f"data: {json.dumps(chunk)}\n\n".encode()
+
+
+def _responses_chunk(text: str) -> bytes:
+    event = {"type": "response.output_text.delta", "output_index": 0, "delta": text}
+    return f"event: response.output_text.delta\ndata: {json.dumps(event)}\n\n".encode()
 
 
 def _anthropic_chunk(text: str) -> bytes:
@@ -88,8 +98,15 @@ def _anthropic_chunk(text: str) -> bytes:
     return f"event: content_block_delta\ndata: {json.dumps(event)}\n\n".encode()
 
 
-def _stream_head(anthropic: bool) -> bytes:
-    if not anthropic:
+def _sse(name: str, data: dict[str, object]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _stream_head(api: str) -> bytes:
+    if api == "responses":
+        response = {"id": "resp_test", "object": "response", "status": "in_progress"}
+        return _sse("response.created", {"type": "response.created", "response": response})
+    if api != "messages":
         return b""
     start = {
         "type": "message_start",
@@ -108,21 +125,33 @@ def _stream_head(anthropic: bool) -> bytes:
         "index": 0,
         "content_block": {"type": "text", "text": ""},
     }
-    return (
-        f"event: message_start\ndata: {json.dumps(start)}\n\n"
-        f"event: content_block_start\ndata: {json.dumps(block)}\n\n"
-    ).encode()
+    return _sse("message_start", start) + _sse("content_block_start", block)
 
 
-def _stream_tail(anthropic: bool, responses: bool = False) -> bytes:
-    if responses:
+def _stream_tail(api: str) -> bytes:
+    if api == "messages":
+        return _sse("message_stop", {"type": "message_stop"})
+    if api == "responses":
+        # 8 output tokens: enough for the proxy to learn a decode speed from the answer.
         usage = {"input_tokens": 1, "output_tokens": 8, "total_tokens": 9}
-        done = {"type": "response.completed", "response": {"status": "completed", "usage": usage}}
-        return f"event: response.completed\ndata: {json.dumps(done)}\n\n".encode()
-    if not anthropic:
-        return b"data: [DONE]\n\n"
-    stop = {"type": "message_stop"}
-    return f"event: message_stop\ndata: {json.dumps(stop)}\n\n".encode()
+        response = {"id": "resp_test", "object": "response", "status": "completed", "usage": usage}
+        return _sse("response.completed", {"type": "response.completed", "response": response})
+    return b"data: [DONE]\n\n"
+
+
+_APIS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+# Each API's own stream chunks.
+_CHUNKS = {
+    "chat": _chat_chunk,
+    "completions": _completion_chunk,
+    "responses": _responses_chunk,
+    "messages": _anthropic_chunk,
+}
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -137,16 +166,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return _echo(request)
     if not isinstance(body, dict) or not body.get("stream"):
         return web.json_response(_complete_body("done"))
-    return await _stream(request, behaviour, anthropic=request.path.endswith("/messages"))
+    return await _stream(request, behaviour, api=_APIS[request.path])
 
 
-async def _stream(
-    request: web.Request, behaviour: Behaviour, *, anthropic: bool
-) -> web.StreamResponse:
+async def _stream(request: web.Request, behaviour: Behaviour, *, api: str) -> web.StreamResponse:
     out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await out.prepare(request)
     try:
-        await _chunks(out, behaviour, anthropic)
+        await _chunks(out, behaviour, api)
     except ConnectionError:
         return out  # the proxy went away (its client did): nothing left to send
     if behaviour.mode == "hang-after-chunks":
@@ -154,26 +181,28 @@ async def _stream(
     if behaviour.mode == "close-after-chunks":
         _drop(request)
         return out
-    await out.write(_stream_tail(anthropic, request.path.endswith("/responses")))
+    await out.write(_stream_tail(api))
     if behaviour.mode == "hang-after-final":
         await asyncio.sleep(_FOREVER_S)  # the answer is complete; the stream never ends
     await out.write_eof()
     return out
 
 
-async def _chunks(out: web.StreamResponse, behaviour: Behaviour, anthropic: bool) -> None:
-    await out.write(_stream_head(anthropic))
+async def _chunks(out: web.StreamResponse, behaviour: Behaviour, api: str) -> None:
+    await out.write(_stream_head(api))
+    chunk = _CHUNKS.get(api, _chat_chunk)
     if behaviour.mode == "flood":
-        await _flood(out, behaviour.flood_mb, anthropic)
+        await _flood(out, behaviour.flood_mb, chunk)
         return
-    chunk = _anthropic_chunk if anthropic else _openai_chunk
     for i in range(behaviour.chunks):
         await out.write(chunk(f"token{i} "))
         await asyncio.sleep(behaviour.interval_s)
 
 
-async def _flood(out: web.StreamResponse, megabytes: int, anthropic: bool) -> None:
-    chunk = (_anthropic_chunk if anthropic else _openai_chunk)("x" * 65_000)
+async def _flood(
+    out: web.StreamResponse, megabytes: int, make_chunk: Callable[[str], bytes]
+) -> None:
+    chunk = make_chunk("x" * 65_000)
     for _ in range(megabytes * 1024 * 1024 // len(chunk)):
         await out.write(chunk)  # write() waits while the reader is behind: we follow its pace
 
@@ -227,7 +256,7 @@ def make_app(behaviour: Behaviour) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/tokenize", echo_request)
     app.router.add_get("/props", echo_request)
-    for path in ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"):
+    for path in _APIS:
         app.router.add_post(path, generate)
     return app
 

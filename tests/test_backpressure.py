@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,6 +128,26 @@ def queued_gauge(proxy: ProxyProcess, model: str) -> float:
     raise AssertionError("no queued_requests gauge for " + model)
 
 
+def in_flight(proxy: ProxyProcess, model: str) -> int:
+    rows = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)[1]["backends"]
+    return sum(r["in_flight"] for r in rows if r["model"] == model)
+
+
+async def until(what: str, condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll the proxy's own state until `condition` holds (bounded): an event, not a guess."""
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(condition):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.01)
+
+
+async def solo_holds(proxy: ProxyProcess, queued: int) -> None:
+    """Wait until solo's slot is taken and `queued` requests wait for it."""
+    await until("solo's slot taken", lambda: in_flight(proxy, "solo") == 1)
+    await until(f"{queued} queued", lambda: queued_gauge(proxy, "solo") == queued)
+
+
 @pytest.mark.parametrize("stream", [True, False])
 async def test_a_burst_of_five_times_capacity_is_served_or_refused_cleanly(
     pressured: ProxyProcess, stream: bool
@@ -174,7 +194,7 @@ async def settled(proxy: ProxyProcess, model: str) -> None:
 async def test_waiting_past_the_queue_timeout_is_refused(pressured: ProxyProcess) -> None:
     async with aiohttp.ClientSession() as session:
         holder = asyncio.create_task(call(session, pressured, 0, model="solo", tokens=150))
-        await asyncio.sleep(0.3)  # the slot is taken for 3 s
+        await solo_holds(pressured, 0)  # the slot is taken for 3 s
         waiting = await asyncio.gather(
             *(
                 call(session, pressured, n, model="solo", api=api)
@@ -193,9 +213,14 @@ async def test_waiting_past_the_queue_timeout_is_refused(pressured: ProxyProcess
 async def test_queued_requests_are_served_in_arrival_order(pressured: ProxyProcess) -> None:
     async with aiohttp.ClientSession() as session:
         tasks = []
-        for n in range(1 + MAX_QUEUE):  # one in the slot, the rest queued 50 ms apart
-            tasks.append(asyncio.create_task(call(session, pressured, n, model="solo", tokens=12)))
-            await asyncio.sleep(0.05)
+        # One in the slot for 0.6 s, four queued one after the other (0.16 s each: the last
+        # waits ~1.1 s, inside the queue timeout).
+        for n in range(1 + MAX_QUEUE):
+            tokens = 30 if n == 0 else 8
+            tasks.append(
+                asyncio.create_task(call(session, pressured, n, model="solo", tokens=tokens))
+            )
+            await solo_holds(pressured, n)  # n is in line before n + 1 is sent
         outcomes = await asyncio.gather(*tasks)
     assert [o.status for o in outcomes] == [200] * (1 + MAX_QUEUE)
     by_end = sorted(outcomes, key=lambda o: o.ended)
@@ -206,16 +231,15 @@ async def test_queued_requests_are_served_in_arrival_order(pressured: ProxyProce
 async def test_a_client_leaving_the_queue_frees_its_place(pressured: ProxyProcess) -> None:
     async with aiohttp.ClientSession() as session:
         holder = asyncio.create_task(call(session, pressured, 0, model="solo", tokens=40))
-        await asyncio.sleep(0.2)
+        await solo_holds(pressured, 0)
         leaving = asyncio.create_task(call(session, pressured, 1, model="solo", tokens=10))
-        await asyncio.sleep(0.1)
+        await solo_holds(pressured, 1)
         staying = asyncio.create_task(call(session, pressured, 2, model="solo", tokens=10))
-        await asyncio.sleep(0.1)
-        assert queued_gauge(pressured, "solo") == 2
+        await solo_holds(pressured, 2)
         leaving.cancel()  # closes its connection: the proxy drops it from the queue
         await asyncio.gather(leaving, return_exceptions=True)
-        await asyncio.sleep(0.2)
-        assert queued_gauge(pressured, "solo") == 1
+        await until("the leaver out of the queue", lambda: queued_gauge(pressured, "solo") == 1)
+        assert in_flight(pressured, "solo") == 1  # the holder still has the slot
         held, stayed = await asyncio.gather(holder, staying)
     assert held.status == 200 and stayed.status == 200
     assert stayed.ended - held.ended < 1.0  # it took the freed slot at once, not a dead waiter's

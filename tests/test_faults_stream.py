@@ -30,7 +30,13 @@ from tests.misbehaving_backend import running_backend
 CHAT = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
 IDLE_S = 1.0
 FIRST_BYTE_S = 1.5
-PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+}
+APIS = sorted(PATHS)
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +66,14 @@ def faulty_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProc
 
 
 def body_for(api: str, *, model: str = "mtp-demo", tokens: int = 4000) -> dict[str, Any]:
-    return {
-        "model": model,
-        "messages": CHAT,
-        "max_tokens": tokens,
-        "stream": True,
-        "ignore_eos": True,  # the simulator keeps going until max_tokens
-    }
+    if api == "responses":
+        prompt: dict[str, Any] = {"input": CHAT[0]["content"], "max_output_tokens": tokens}
+    elif api == "completions":
+        prompt = {"prompt": CHAT[0]["content"], "max_tokens": tokens}
+    else:
+        prompt = {"messages": CHAT, "max_tokens": tokens}
+    # ignore_eos: the simulator keeps going until max_tokens
+    return {"model": model, **prompt, "stream": True, "ignore_eos": True}
 
 
 @dataclass
@@ -104,19 +111,24 @@ def assert_terminal_error_event(raw: bytes, api: str) -> None:
     """The stream's last event is a well-formed error in the stream's own format."""
     events = [e for e in raw.decode().split("\n\n") if e.strip()]
     last = events[-1]
-    if api == "messages":
+    if api in ("messages", "responses"):  # named SSE events
         name, data = last.split("\n", 1)
         assert name == "event: error"
         payload = json.loads(data.removeprefix("data: "))
         assert payload["type"] == "error"
-        assert payload["error"]["type"] and payload["error"]["message"]
-    else:
+        if api == "messages":  # Anthropic: {"type": "error", "error": {type, message}}
+            assert payload["error"]["type"] and payload["error"]["message"]
+        else:  # Responses: the error event carries code and message itself
+            assert payload["code"] and payload["message"]
+            assert set(payload) == {"type", "code", "message", "param"}
+    else:  # OpenAI chat and completions: a data line with an error object
         assert last.startswith("data: ")
         payload = json.loads(last.removeprefix("data: "))
         assert payload["error"]["message"] and payload["error"]["type"]
     errors = [e for e in events if e.startswith("event: error") or e.startswith('data: {"error"')]
     assert errors == [last]  # one error event, the last one
-    assert b"[DONE]" not in raw and b"message_stop" not in raw  # not dressed up as a success
+    for success in (b"[DONE]", b"message_stop", b"response.completed"):
+        assert success not in raw  # not dressed up as a success
 
 
 def backend_tokens(raw: bytes) -> int:
@@ -138,7 +150,10 @@ async def wait_ready(proxy: ProxyProcess, name: str, timeout: float = 30.0) -> d
     raise AssertionError(f"{name} not ready again after {timeout}s: {backends(proxy)[name]}")
 
 
-@pytest.mark.parametrize(("api", "profile"), [("chat", "off"), ("messages", "min")])
+@pytest.mark.parametrize(
+    ("api", "profile"),
+    [("chat", "off"), ("messages", "min"), ("responses", "off"), ("completions", "min")],
+)
 async def test_backend_killed_mid_stream_ends_with_an_error_event(
     faulty_proxy: ProxyProcess, api: str, profile: str
 ) -> None:
@@ -160,7 +175,7 @@ async def test_backend_killed_mid_stream_ends_with_an_error_event(
     await wait_ready(faulty_proxy, f"mtp-demo/{profile}")  # the supervisor restarts it
 
 
-@pytest.mark.parametrize("api", ["chat", "messages"])
+@pytest.mark.parametrize("api", APIS)
 async def test_backend_dropping_the_connection_mid_stream_ends_with_an_error_event(
     faulty_proxy: ProxyProcess, api: str
 ) -> None:
@@ -172,7 +187,7 @@ async def test_backend_dropping_the_connection_mid_stream_ends_with_an_error_eve
     assert_terminal_error_event(read.raw, api)
 
 
-@pytest.mark.parametrize("api", ["chat", "messages"])
+@pytest.mark.parametrize("api", APIS)
 async def test_backend_going_silent_mid_stream_hits_the_idle_timeout(
     faulty_proxy: ProxyProcess, api: str
 ) -> None:

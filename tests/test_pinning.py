@@ -1,13 +1,22 @@
-"""A pinned request (X-MTP-Profile) goes to its profile even when that profile is full."""
+"""A pinned request (X-MTP-Profile) goes to its profile even when that profile (and every
+other) is full: the proxy neither queues it nor sends it elsewhere."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import aiohttp
 
-from tests.harness import proxy_config, running_proxy, simulator_model, wait_all_ready
+from tests.harness import (
+    ADMIN_KEY,
+    ProxyProcess,
+    proxy_config,
+    running_proxy,
+    simulator_model,
+    wait_all_ready,
+)
 
 CHAT = [{"role": "user", "content": "Tell me about lighthouses."}]
 OTHER = [{"role": "user", "content": "And what about harbours?"}]  # another session
@@ -25,14 +34,51 @@ async def test_a_pinned_request_goes_to_its_profile_even_when_full(tmp_path: Pat
             )
             assert first.headers["X-MTP-Profile"] == "max"
             await first.content.readany()  # max's only slot is busy now
+            fillers = []  # and so are the others': the whole model is full
+            for profile in ("off", "min"):
+                filler = await session.post(
+                    url,
+                    json={"messages": CHAT, "max_tokens": 200, "stream": True},
+                    headers={"X-MTP-Profile": profile},
+                )
+                await filler.content.readany()
+                fillers.append(filler)
+            first_chunks = asyncio.create_task(arrivals(first))
             second = asyncio.create_task(
                 session.post(url, json={"messages": OTHER, "max_tokens": 4}, headers=pin)
             )
+            # Not held back by the proxy nor sent elsewhere: forwarded to max, past its one
+            # slot (llama-server queues it there).
+            forwarded_at = await wait_in_flight(proxy, "mtp-demo/max", 2)
             response = await asyncio.wait_for(second, 30)
             assert response.status == 200
-            assert not first.content.at_eof(), "the first stream should still be running"
             assert response.headers["X-MTP-Profile"] == "max"
             assert response.headers["X-MTP-Route-Reason"] == "pinned"
+            await response.read()
             response.release()
-            await first.read()
+            chunks = await asyncio.wait_for(first_chunks, 60)
             first.release()
+            for filler in fillers:
+                filler.close()
+    # The first stream was still running when the second reached max: tokens kept coming.
+    later = [data for at, data in chunks if at > forwarded_at and b'"content"' in data]
+    assert later, "the first stream had ended before the second request was forwarded"
+
+
+async def wait_in_flight(proxy: ProxyProcess, backend: str, count: int) -> float:
+    """When the proxy first counts `count` requests in flight on `backend` (bounded wait)."""
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        rows = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)[1]["backends"]
+        if {row["name"]: row["in_flight"] for row in rows}[backend] >= count:
+            return time.perf_counter()
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{backend} never had {count} requests in flight")
+
+
+async def arrivals(response: aiohttp.ClientResponse) -> list[tuple[float, bytes]]:
+    """Every chunk of a stream with the time it arrived, until its end."""
+    chunks = []
+    async for data in response.content.iter_any():
+        chunks.append((time.perf_counter(), data))
+    return chunks
