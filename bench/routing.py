@@ -109,7 +109,15 @@ def proxy_config(policy: str, cfg: BenchConfig) -> dict[str, Any]:
         "log": {"level": "info", "format": "json"},
         "supervisor": {"stagger_s": 0.0, "health_interval_s": 1.0},
         "routing": routing,
-        "models": [{"name": MODEL, "backend": "simulator", "args": sim_args, "profiles": profiles}],
+        "models": [
+            {
+                "name": MODEL,
+                "backend": "simulator",
+                "draft_control": "per-process",  # the pool: one process per profile
+                "args": sim_args,
+                "profiles": profiles,
+            }
+        ],
     }
 
 

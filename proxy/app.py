@@ -28,12 +28,14 @@ from proxy.forward import Timeouts
 from proxy.metrics import ProxyMetrics
 from proxy.middlewares import auth_middleware, error_middleware
 from proxy.model_names import ModelCatalog
+from proxy.plan import backend_slots, backend_specs, describe_plan, plans_of
 from proxy.pool import BackendPool
 from proxy.reload import Reloader
+from proxy.replan import apply_plans, on_ready, on_replaced
 from proxy.routing.router import Router
 from proxy.routing.settings import RoutingSettings
 from proxy.routing.stats import LearnedStats, write_atomic
-from proxy.settings import Settings, backend_slots, backend_specs
+from proxy.settings import Settings
 from proxy.state import STATE, ProxyState
 from supervisor.backend import Backend
 from supervisor.pool import Supervisor
@@ -59,7 +61,9 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
         timeouts=Timeouts(
             server.connect_timeout_s, server.first_byte_timeout_s, server.idle_timeout_s
         ),
+        plans=plans_of(settings),
     )
+    apply_plans(state)
     app = web.Application(
         client_max_size=server.max_body_bytes,
         middlewares=[count_requests, access_log_middleware, error_middleware, auth_middleware],
@@ -110,8 +114,11 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
 
 async def _backend_pool(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    specs = backend_specs(state.settings)
-    slots = backend_slots(state.settings)
+    for model in state.settings.models:
+        for line in describe_plan(model, state.plans[model.name]):
+            log.info("plan", model=model.name, line=line)
+    specs = backend_specs(state.settings, state.plans)
+    slots = backend_slots(state.settings, state.plans)
     for spec in specs:
         state.pool.update(spec, BackendState.STARTING, base_url=None, slots=slots[spec.name])
     supervisor = Supervisor(
@@ -126,7 +133,8 @@ async def _backend_pool(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         sdnotify.notify("STOPPING=1")
-        await supervisor.stop()
+        await supervisor.stop()  # waits for a reload under way (auto's fallback) to finish
+        await asyncio.gather(*state.replans, return_exceptions=True)
 
 
 def _track(state: ProxyState, changed: Backend) -> None:
@@ -138,6 +146,8 @@ def _track(state: ProxyState, changed: Backend) -> None:
     current = state.supervisor.backend(changed.name)
     slot = state.pool.update(current.spec, current.state, current.base_url)
     if slot.ready:
+        on_ready(state, current)
+        on_replaced(state, current)
         state.admission.notify(slot.model, state.pool.free_slots(slot.model))
     _notify_ready_once_serving(state)
 

@@ -1,4 +1,4 @@
-"""`mtp-proxy` command line: serve, check-config, status."""
+"""`mtp-proxy` command line: serve, check-config, status, tune."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 
 import structlog
 
-from proxy.preflight import log_result, render, run_preflight
-from proxy.settings import ConfigError, Settings, backend_specs, load_settings
+from proxy.plan import backend_specs, describe_plan, initial_plan, plans_of
+from proxy.preflight import log_result, pool_fits, render, run_preflight
+from proxy.settings import ConfigError, ModelSettings, Settings, load_settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
 
         status: int = print_status(args.url, args.admin_key)
         return status
+    if command == "tune":
+        from proxy.tune.command import run as tune
+
+        return tune(args)
     return _serve(args)
 
 
@@ -39,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="show backends and the learned routing table")
     status.add_argument("--url", default="http://127.0.0.1:8080")
     status.add_argument("--admin-key", default=None, help="or set MTP_PROXY_ADMIN_KEY")
+    from proxy.tune.command import add_parser as add_tune
+
+    add_tune(commands)
     return parser
 
 
@@ -52,8 +60,9 @@ def _load_or_exit(path: Path | None) -> Settings:
 
 def _check_config(path: Path) -> int:
     settings = _load_or_exit(path)
+    plans = plans_of(settings)
     try:
-        specs = backend_specs(settings)
+        specs = backend_specs(settings, plans)
     except (FileNotFoundError, ValueError) as exc:
         print(f"invalid configuration {path}:\n  - {exc}", file=sys.stderr)
         return 2
@@ -62,6 +71,9 @@ def _check_config(path: Path) -> int:
     for model in settings.models:
         aliases = f" (aliases: {', '.join(model.aliases)})" if model.aliases else ""
         print(f"model {model.name}{aliases}: {len(model.profiles)} profile(s)")
+        print("\n".join(f"  {line}" for line in describe_plan(model, plans[model.name])))
+        if not plans[model.name].decided:
+            print(f"  {_fallback_memory(model)}")
         for spec in (s for s in specs if s.model == model.name):
             target = spec.url or " ".join([*spec.argv, "--host", "127.0.0.1", "--port", "<free>"])
             print(f"  {spec.name}: {target}")
@@ -69,11 +81,18 @@ def _check_config(path: Path) -> int:
     for pattern, target_model in names.patterns.items():
         print(f"model names matching {pattern!r}: {target_model}")
     print(f"any other model name: {names.default or 'refused (404)'}")
-    memory = run_preflight(settings)
+    memory = run_preflight(settings, plans=plans)
     print("\n".join(render(memory)))
     for warning in memory.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _fallback_memory(model: ModelSettings) -> str:
+    """What auto's fallback would need: the pool's memory against what is free."""
+    fits, note = pool_fits(model, initial_plan(model))
+    verdict = {True: "fits", False: "does not fit", None: "fit unknown"}[fits]
+    return f"the pool {verdict}: {note}"
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from supervisor.probe import DraftControl
 from supervisor.states import BackendState
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ class PoolCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self._backend_metrics()
+        yield self._draft_control_metric()
         yield from self._queue_metrics()
         yield from self._learned_metrics()
 
@@ -77,6 +79,20 @@ class PoolCollector(Collector):
             crash_loops.add_metric(values, getattr(backend, "crash_loops", 0))
             health_failures.add_metric(values, getattr(backend, "health_failures", 0))
         yield from (in_flight, state, ready, slots, restarts, crash_loops, health_failures)
+
+    def _draft_control_metric(self) -> Metric:
+        family = GaugeMetricFamily(
+            "mtp_proxy_backend_draft_control",
+            "1 for what the backend's probe found: per-request (it honours speculative.n_max), "
+            "ignored (it does not, or the probe failed) or none (no speculation); all 0 until "
+            "probed.",
+            labels=["backend", "control"],
+        )
+        for name, backend in self._supervised().items():
+            found = getattr(backend, "draft_control", None)
+            for control in get_args(DraftControl):
+                family.add_metric([name, control], 1.0 if found == control else 0.0)
+        return family
 
     def _supervised(self) -> dict[str, object]:
         supervisor = self._state.supervisor

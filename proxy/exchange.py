@@ -13,6 +13,7 @@ from aiohttp import web
 from structlog.typing import FilteringBoundLogger
 
 from proxy.admission import QueueRefused
+from proxy.depth_field import DEPTH_KEY, with_depth
 from proxy.errors import error_response
 from proxy.forward import (
     Relayed,
@@ -59,6 +60,8 @@ class Exchange:
         self.sent_at = received
         self.sequence = 0
         request[LOGGED] = True  # every way out of an exchange writes the request's line
+        self.own_depth = DEPTH_KEY in body  # the client chose its depth: it is not replaced
+        self.failed: dict[str, int] = {}  # backend -> generation that failed before answering
 
     @functools.cached_property
     def log(self) -> FilteringBoundLogger:
@@ -77,11 +80,13 @@ class Exchange:
     async def _run(self) -> web.StreamResponse:
         tried: set[str] = set()
         for _ in range(1 + self.state.settings.server.retry_before_first_byte):
-            if not self._others_ready(tried):
+            tried = self._excluded()
+            if not self._others_ready(tried) and not self._may_wait(tried):
                 break  # nothing (else) to wait for: say so at once
             refusal = await self._admit(tried)
             if refusal is not None:
                 return refusal
+            tried = self._excluded()
             try:
                 route = self.state.router.route(self.model, self.features, exclude=tried)
                 if route is None:
@@ -91,7 +96,8 @@ class Exchange:
                 try:
                     return await self._attempt(route)
                 except UpstreamUnavailable as exc:
-                    tried.add(route.backend.name)
+                    self.failed[route.backend.name] = route.backend.generation
+                    tried = self._excluded()
                     self.state.metrics.retries.labels(self.model).inc()
                     self.log.warning(
                         "upstream_unavailable", backend=route.backend.name, error=str(exc)
@@ -103,6 +109,29 @@ class Exchange:
     def _others_ready(self, tried: set[str]) -> bool:
         return any(b.name not in tried for b in self.state.pool.ready_of_model(self.model))
 
+    def _excluded(self) -> set[str]:
+        """Backends that failed this request, as long as the same process runs there: one
+        that restarted since (a new generation) may be tried again."""
+        pool = self.state.pool
+        return {
+            name
+            for name, generation in self.failed.items()
+            if (slot := pool.get(name)) is None or slot.generation == generation
+        }
+
+    def _may_wait(self, tried: set[str]) -> bool:
+        """A model served by one process (per replica) waits in its queue while the process
+        (re)starts, bounded by the queue timeout, rather than failing at once; so does one whose
+        shape is being changed (auto falling back to the pool)."""
+        state = self.state
+        if self.model not in state.router.per_request and self.model not in state.replanning:
+            return False
+        # A process that just failed this request still looks ready until the supervisor sees
+        # it exit: it comes back too (a new generation), unless it was given up (FAILED).
+        return any(
+            b.coming_back or (b.ready and b.name in tried) for b in state.pool.of_model(self.model)
+        )
+
     async def _admit(self, tried: set[str]) -> web.Response | None:
         """Wait in line for a free slot on a backend not yet tried; a 429 if there is none."""
         state = self.state
@@ -110,8 +139,9 @@ class Exchange:
             return None  # pinned to a ready profile: it goes there, full or not
 
         def has_room() -> bool:
+            excluded = self._excluded() if self.failed else tried  # a restart lifts it
             return any(
-                b.has_room and b.name not in tried for b in state.pool.ready_of_model(self.model)
+                b.has_room and b.name not in excluded for b in state.pool.ready_of_model(self.model)
             )
 
         try:
@@ -143,10 +173,13 @@ class Exchange:
             self.request.headers, forward_auth=state.settings.server.forward_client_auth
         )
         url = upstream_url(backend.base_url, self.request.raw_path)
-        with state.pool.lease(backend):
+        body = self.raw
+        if route.depth is not None and not self.own_depth:
+            body = with_depth(body, route.depth)
+        with state.pool.lease(backend, route.profile):
             self.sequence = sequence = backend.started_total
             self.sent_at = sent_at = time.perf_counter()
-            response = await open_upstream(state.client(), url, self.raw, headers, state.timeouts)
+            response = await open_upstream(state.client(), url, body, headers, state.timeouts)
             async with response:
                 out, relayed = await self._relay(response, route)
         if relayed.status < 400:  # errors go back through the middleware that reshapes them
@@ -249,7 +282,13 @@ class Exchange:
         spec_delta: SpecCounters | None = None,
     ) -> Observation:
         observation = self.state.router.observe(
-            route, self.features, usage, sent_at=sent_at, done_at=done_at, spec_delta=spec_delta
+            route,
+            self.features,
+            usage,
+            sent_at=sent_at,
+            done_at=done_at,
+            spec_delta=spec_delta,
+            learn=route.depth is None or not self.own_depth,
         )
         self.state.metrics.record_observation(self.model, route.profile, observation)
         return observation

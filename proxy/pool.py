@@ -7,12 +7,15 @@ uses them to spill load, and the supervisor reads them to drain a backend before
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from supervisor.spec import BackendSpec
 from supervisor.states import BackendState
+
+_COMING_BACK = frozenset({BackendState.STARTING, BackendState.STOPPED, BackendState.UNHEALTHY})
 
 
 @dataclass
@@ -27,6 +30,12 @@ class BackendSlot:
     in_flight: int = 0
     slots: int = 1
     started_total: int = 0  # requests ever sent; tells whether a request ran alone
+    decoding: Counter[str] = field(default_factory=Counter)
+    """Requests in flight by the profile they run at (a per-request process serves several)."""
+    recent_load: float = 1.0
+    """Decayed mean of the requests in flight at each admission, the new one included."""
+    generation: int = 0
+    """Times it became ready: a request that failed on one process may try its successor."""
 
     @property
     def ready(self) -> bool:
@@ -35,6 +44,11 @@ class BackendSlot:
     @property
     def has_room(self) -> bool:
         return self.ready and self.in_flight < self.slots
+
+    @property
+    def coming_back(self) -> bool:
+        """Not ready now, but the supervisor is bringing it (back) up: worth waiting for."""
+        return not self.ready and self.state in _COMING_BACK
 
 
 class BackendPool:
@@ -48,7 +62,10 @@ class BackendPool:
         if slot is None:
             slot = BackendSlot(spec.name, spec.model, spec.profile, base_url, state, slots=slots)
             self._backends[spec.name] = slot
+        was_ready = slot.ready
         slot.state, slot.base_url = state, base_url
+        if slot.ready and not was_ready:
+            slot.generation += 1
         return slot
 
     def remove(self, name: str) -> None:
@@ -75,11 +92,16 @@ class BackendPool:
         return slot.in_flight if slot else 0
 
     @contextmanager
-    def lease(self, slot: BackendSlot) -> Iterator[BackendSlot]:
-        """Count a request against `slot` for as long as it is being served."""
+    def lease(self, slot: BackendSlot, profile: str | None = None) -> Iterator[BackendSlot]:
+        """Count a request (at `profile`) against `slot` for as long as it is being served."""
         slot.in_flight += 1
         slot.started_total += 1
+        profile = profile or slot.profile
+        slot.decoding[profile] += 1
         try:
             yield slot
         finally:
             slot.in_flight -= 1
+            slot.decoding[profile] -= 1
+            if slot.decoding[profile] <= 0:
+                del slot.decoding[profile]

@@ -23,13 +23,19 @@ from pathlib import Path
 
 from structlog.typing import FilteringBoundLogger
 
-from proxy.settings import ModelSettings, ProfileSettings, Settings
-from supervisor.memory import GIB, check_pool_fits, estimate_vram_bytes, query_free_gpu_bytes
+from proxy.plan import ModelPlan, plans_of, processes
+from proxy.settings import DEFAULT_DRAFT_N_MAX, ModelSettings, ProfileSettings, Settings
+from supervisor.memory import (
+    DRAFT_HEADROOM_BYTES,
+    GIB,
+    check_pool_fits,
+    estimate_vram_bytes,
+    query_free_gpu_bytes,
+)
 
 # -c unset (or 0): llama-server's --fit sizes the context to the free memory, never below
 # --fit-ctx (default 4096); the estimate assumes that floor.
 ASSUMED_CTX = 4096
-DEFAULT_DRAFT_N_MAX = 3  # llama-server's --spec-draft-n-max default
 # Bytes per stored value of each KV cache type (block formats: block bytes / 32 values).
 _F16 = 2.0
 _KV_TYPE_BYTES = {
@@ -85,17 +91,17 @@ class Preflight:
 
 
 def run_preflight(
-    settings: Settings, *, free_memory: FreeMemory = query_free_gpu_bytes
+    settings: Settings,
+    *,
+    free_memory: FreeMemory = query_free_gpu_bytes,
+    plans: Mapping[str, ModelPlan] | None = None,
 ) -> Preflight:
-    """Estimate every local llama-server backend and compare with the free GPU memory."""
+    """Estimate every local llama-server backend of the plans (default: the initial ones) and
+    compare with the free GPU memory."""
+    plans = plans or plans_of(settings)
     result = Preflight()
     for model in settings.models:
-        if model.backend != "llama-server":
-            continue  # the simulator uses no GPU
-        for profile in model.profiles:
-            need = _estimate(model, profile, result.warnings)
-            if need is not None:
-                result.needs.extend(_replicas(need, model, profile))
+        result.needs += model_needs(model, plans[model.name], result.warnings)
     if result.needs:
         result.free_per_gpu = free_memory()
         if result.free_per_gpu is not None:
@@ -144,20 +150,17 @@ def gib(size: float) -> str:
     return f"{size / GIB:.2f} GiB"
 
 
-def _replicas(
-    need: BackendNeed, model: ModelSettings, profile: ProfileSettings
-) -> list[BackendNeed]:
-    # Same names as proxy.settings.backend_specs: each replica loads the model once more.
-    if profile.replicas == 1:
-        return [need]
-    return [
-        BackendNeed(f"{model.name}/{profile.name}#{n + 1}", need.bytes, need.detail, need.devices)
-        for n in range(profile.replicas)
-    ]
+def model_needs(model: ModelSettings, plan: ModelPlan, warnings: list[str]) -> list[BackendNeed]:
+    """The GPU memory of a model's local llama-server processes under a plan (the names are
+    the backends'): one copy of the weights per process."""
+    if model.backend != "llama-server":
+        return []  # the simulator uses no GPU
+    needs = [_estimate(model, p.profile, p.name, warnings) for p in processes(model, plan)]
+    return [need for need in needs if need is not None]
 
 
 def _estimate(
-    model: ModelSettings, profile: ProfileSettings, warnings: list[str]
+    model: ModelSettings, profile: ProfileSettings, name: str, warnings: list[str]
 ) -> BackendNeed | None:
     """One backend's need; None when it runs elsewhere (url) or on the CPU (-ngl 0)."""
     if profile.url is not None or model.model_path is None:
@@ -165,7 +168,6 @@ def _estimate(
     args = [*model.args, *profile.args]
     if _flag(args, "-ngl", "--gpu-layers", "--n-gpu-layers") == "0" or _gpus_hidden(profile.env):
         return None  # runs on the CPU
-    name = f"{model.name}/{profile.name}"
     size = _file_size(model.model_path)
     if size is None:
         warnings.append(f"backend {name}: model file {model.model_path} not found")
@@ -251,3 +253,28 @@ def _file_size(path_text: str) -> int | None:
         except OSError:
             continue
     return total
+
+
+def pool_fits(
+    model: ModelSettings, running: ModelPlan, free_memory: FreeMemory = query_free_gpu_bytes
+) -> tuple[bool | None, str]:
+    """Would the model's pool fit once its running process(es) stopped? None: unknown.
+
+    Blocking (nvidia-smi): call it from a thread once the loop runs.
+    """
+    if model.backend != "llama-server":
+        return True, "the simulator uses no GPU"
+    pool = model_needs(model, ModelPlan(model.name, "pool", ""), [])
+    if not pool:
+        return True, "no process of the pool uses the GPU"
+    total = sum(need.bytes for need in pool)
+    free = free_memory()
+    if free is None:
+        return None, f"pool ~{gib(total)}, free GPU memory unknown (no nvidia-smi)"
+    mine = sum(need.bytes for need in model_needs(model, running, []))
+    available = sum(free) + mine  # the running process's share is freed before the pool starts
+    note = (
+        f"pool ~{gib(total)} + {gib(DRAFT_HEADROOM_BYTES)} headroom, "
+        f"~{gib(available)} available once the running process stops"
+    )
+    return total + DRAFT_HEADROOM_BYTES <= available, note

@@ -18,7 +18,9 @@ import structlog
 
 from proxy import sdnotify
 from proxy.model_names import ModelCatalog
-from proxy.settings import ConfigError, Settings, backend_slots, backend_specs, load_settings
+from proxy.plan import ModelPlan, backend_slots, backend_specs, plans_of
+from proxy.replan import apply_plans
+from proxy.settings import ConfigError, Settings, load_settings
 from proxy.state import ProxyState
 from supervisor.commandline import LlamaServerNotFoundError
 from supervisor.spec import BackendSpec
@@ -61,9 +63,8 @@ class Reloader:
             if isinstance(loaded, str):
                 log.error("reload_failed", path=str(self._path), error=loaded, kept="running pool")
                 return False
-            settings, specs, slots = loaded
             try:
-                await self._apply(settings, specs, slots)
+                await self._apply(loaded)
             except Exception:  # a bug: log it here, a signal-started task has no caller
                 log.exception("reload_crashed", path=str(self._path))
                 return False
@@ -78,19 +79,19 @@ class Reloader:
         if self._tasks:
             await asyncio.wait(list(self._tasks))
 
-    async def _apply(
-        self, settings: Settings, specs: list[BackendSpec], slots: dict[str, int]
-    ) -> None:
+    async def _apply(self, settings: Settings) -> None:
         state = self._state
         supervisor = state.supervisor
         if supervisor is None:
             log.warning("reload_skipped", reason="the backend pool is not running")
             return
         _warn_fixed(state.settings, settings)
+        plans = carried_plans(state, settings)
+        specs, slots = backend_specs(settings, plans), backend_slots(settings, plans)
         before = {backend.name: backend.spec for backend in supervisor.backends}
         wanted = {spec.name: spec for spec in specs}
         sdnotify.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
-        _adopt_models(state, settings, specs, slots)
+        _adopt_models(state, settings, specs, slots, plans)
         await supervisor.reload(specs)
         for name in before.keys() - wanted.keys():
             state.pool.remove(name)  # only now: a removed backend's drain reads its in_flight
@@ -108,8 +109,27 @@ class Reloader:
         )
 
 
+def carried_plans(state: ProxyState, settings: Settings) -> dict[str, ModelPlan]:
+    """The plans after a reload: a model whose settings did not change keeps the plan it
+    settled on (auto's probe is not run again, its fallback pool keeps running); any other
+    model starts from its initial plan."""
+    running = {model.name: model for model in state.settings.models}
+    fresh = plans_of(settings)
+    return {
+        name: state.plans[name]
+        if running.get(name) == model and name in state.plans
+        else fresh[name]
+        for model in settings.models
+        if (name := model.name)
+    }
+
+
 def _adopt_models(
-    state: ProxyState, settings: Settings, specs: list[BackendSpec], slots: dict[str, int]
+    state: ProxyState,
+    settings: Settings,
+    specs: list[BackendSpec],
+    slots: dict[str, int],
+    plans: dict[str, ModelPlan],
 ) -> None:
     """Before the backends change: a new model answers 503 (starting), not 404, while it
     loads; a removed one 404s at once while its requests in flight finish."""
@@ -117,17 +137,20 @@ def _adopt_models(
         update={"models": settings.models, "model_names": settings.model_names}
     )
     state.models = ModelCatalog(settings.models, settings.model_names)
+    state.plans = plans
+    apply_plans(state)
     state.metrics.prime({m.name: [p.name for p in m.profiles] for m in settings.models})
     for spec in specs:
         if state.pool.get(spec.name) is None:
             state.pool.update(spec, BackendState.STARTING, base_url=None, slots=slots[spec.name])
 
 
-def _load(path: Path) -> tuple[Settings, list[BackendSpec], dict[str, int]] | str:
-    """The new settings and backends, or what is wrong with them (blocking: file reads)."""
+def _load(path: Path) -> Settings | str:
+    """The new settings, or what is wrong with them (blocking: file reads, binary lookups)."""
     try:
         settings = load_settings(path)
-        return settings, backend_specs(settings), backend_slots(settings)
+        backend_specs(settings)  # every backend can be built (its binary found)
+        return settings
     except ConfigError as exc:
         return "; ".join(exc.problems)
     except (OSError, ValueError, LlamaServerNotFoundError) as exc:

@@ -7,7 +7,6 @@ override the file, e.g. ``MTP_PROXY_SERVER__PORT=9000``.
 
 from __future__ import annotations
 
-import sys
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -18,11 +17,14 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from proxy.model_names import ModelNameSettings
 from proxy.routing.settings import RoutingSettings
-from supervisor.commandline import llama_server_argv, resolve_llama_server
 from supervisor.settings import SupervisorSettings
-from supervisor.spec import BackendSpec, DraftSpec
+from supervisor.spec import DraftSpec
 
 BackendKind = Literal["simulator", "llama-server"]
+DraftControl = Literal["auto", "per-request", "per-process"]
+"""How a model's profiles are served: as per-request depths of one process (per-request), as
+one process per profile (per-process, the pool), or decided by the backend's probe (auto)."""
+DEFAULT_DRAFT_N_MAX = 3  # llama-server's --spec-draft-n-max default
 _LLAMA_SERVER_DEFAULT_SLOTS = 4  # what llama-server picks for -np when it is not given
 
 
@@ -86,6 +88,23 @@ class ModelSettings(BaseModel):
     args: list[str] = []
     slots: int | None = Field(default=None, ge=1)
     profiles: list[ProfileSettings] = Field(min_length=1)
+    draft_control: DraftControl = "auto"
+    env: dict[str, str] = {}
+    """Environment of every process of the model (a profile's own env adds to it)."""
+    replicas: int = Field(default=1, ge=1, le=64)
+    """Processes of a per-request model (e.g. one per GPU); a pool sets replicas per profile."""
+    replica_env: list[dict[str, str]] = []
+    """Per-request: each replica's own environment, e.g. [{CUDA_VISIBLE_DEVICES = "0"}, ...];
+    when set, one replica per entry."""
+    draft_n_max: int | None = Field(default=None, ge=1, le=64)
+    """Per-request: the process's start-up depth; default the deepest profile's."""
+    mixed_depths: bool = False
+    """Per-request: may requests at different depths decode at once on one process? Off by
+    default: on hybrid models (Qwen3.5/3.6) slots drafting different amounts cannot share a
+    forward pass, so a request joins at the depth of those already decoding."""
+    fallback_profile: str | None = None
+    """auto, when the backend ignores the per-request field and the pool does not fit: the
+    one profile to run (default: the `min` role's profile, else the deepest)."""
 
     @field_validator("profiles")
     @classmethod
@@ -103,8 +122,69 @@ class ModelSettings(BaseModel):
             raise ValueError("backend llama-server needs model_path")
         return self
 
+    @model_validator(mode="after")
+    def _one_process_consistent(self) -> ModelSettings:
+        if self.replica_env:
+            if "replicas" in self.model_fields_set and self.replicas != len(self.replica_env):
+                raise ValueError(
+                    f"replicas = {self.replicas} but replica_env has {len(self.replica_env)} "
+                    "entries (one replica per entry; leave replicas out)"
+                )
+            self.replicas = len(self.replica_env)
+        names = [p.name for p in self.profiles]
+        if self.fallback_profile is not None and self.fallback_profile not in names:
+            raise ValueError(f"fallback_profile {self.fallback_profile!r} is not a profile")
+        if self.draft_control != "per-process":
+            too_deep = self.depth_problems()
+            if too_deep:
+                raise ValueError("; ".join(too_deep))
+        if self.draft_control == "per-request" and (problems := self.one_process_problems()):
+            raise ValueError("draft_control per-request: " + "; ".join(problems))
+        return self
+
     def names(self) -> list[str]:
         return [self.name, *self.aliases]
+
+    def profile_depth(self, profile: ProfileSettings) -> int:
+        """The per-request depth that plays a profile: 0 when it does not draft, else n_max."""
+        draft = profile.draft()
+        return 0 if draft.is_off else (draft.n_max or DEFAULT_DRAFT_N_MAX)
+
+    def start_depth(self) -> int:
+        """Start-up depth of a per-request process: `draft_n_max`, else the model's own
+        --spec-draft-n-max argument, else the deepest profile's depth."""
+        if self.draft_n_max is not None:
+            return self.draft_n_max
+        value = _flag_value(self.args, "--spec-draft-n-max")
+        if value is not None and value.isdigit():
+            return int(value)
+        return max(self.profile_depth(p) for p in self.profiles)
+
+    def depth_problems(self) -> list[str]:
+        """Profiles deeper than the process starts at: the process would clamp them."""
+        start = self.start_depth()
+        return [
+            f"profile {p.name}: depth {self.profile_depth(p)} is above the process's start-up "
+            f"depth {start} (draft_n_max / --spec-draft-n-max)"
+            for p in self.profiles
+            if self.profile_depth(p) > start
+        ]
+
+    def one_process_problems(self) -> list[str]:
+        """Why the profiles cannot be depths of one process (empty: they can)."""
+        problems = []
+        for p in self.profiles:
+            if p.url is not None:
+                problems.append(f"profile {p.name} is a remote backend (url)")
+            if p.args or p.env:
+                problems.append(f"profile {p.name} has its own args/env (only a process can)")
+            if p.replicas > 1:
+                problems.append(f"profile {p.name} sets replicas (use the model's replicas)")
+        kinds = {(d.spec_type, d.draft_model) for p in self.profiles if not (d := p.draft()).is_off}
+        if len(kinds) > 1:
+            names = ", ".join(sorted(str(kind) for kind, _ in kinds))
+            problems.append(f"profiles use different spec types or draft models ({names})")
+        return problems
 
     def slots_of(self, profile: ProfileSettings) -> int:
         """Requests one backend serves at once: `slots`, else its -np/--parallel, else 4."""
@@ -200,6 +280,15 @@ class Settings(BaseSettings):
         return self
 
 
+def _flag_value(args: list[str], flag: str) -> str | None:
+    value = None
+    for i, arg in enumerate(args):
+        name, eq, inline = arg.partition("=")
+        if name == flag:
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return value
+
+
 def load_settings(path: Path | None) -> Settings:
     """Load `path` (or the embedded default) and validate it; raise ConfigError listing problems."""
     source = str(path) if path else "<embedded default>"
@@ -227,53 +316,3 @@ def _describe(exc: ValidationError) -> list[str]:
         where = ".".join(str(part) for part in error["loc"]) or "(top level)"
         problems.append(f"{where}: {error['msg']}")
     return problems
-
-
-def backend_slots(settings: Settings) -> dict[str, int]:
-    """Slots of every backend, by backend name (see `ModelSettings.slots_of`)."""
-    return {
-        spec.name: model.slots_of(profile)
-        for model in settings.models
-        for profile in model.profiles
-        for spec in backend_specs_of(model, profile)
-    }
-
-
-def backend_specs(settings: Settings) -> list[BackendSpec]:
-    """Every backend the pool runs: one per replica of each profile of each model."""
-    return [
-        spec
-        for model in settings.models
-        for profile in model.profiles
-        for spec in backend_specs_of(model, profile)
-    ]
-
-
-def backend_specs_of(model: ModelSettings, profile: ProfileSettings) -> list[BackendSpec]:
-    argv = () if profile.url else tuple(_argv(model, profile))
-    return [
-        BackendSpec(
-            name=f"{model.name}/{profile.name}" + (f"#{n + 1}" if profile.replicas > 1 else ""),
-            model=model.name,
-            profile=profile.name,
-            argv=argv,
-            env=dict(profile.env),
-            url=profile.url,
-        )
-        for n in range(profile.replicas)
-    ]
-
-
-def _argv(model: ModelSettings, profile: ProfileSettings) -> list[str]:
-    simulated = model.backend == "simulator"
-    binary = sys.executable if simulated else resolve_llama_server(model.binary)
-    argv = llama_server_argv(
-        binary,
-        model.model_path or model.name,
-        [*model.args, "--alias", model.name],
-        profile.draft(),
-        profile.args,
-    )
-    if simulated:
-        argv[1:1] = ["-m", "simulator"]  # the twin takes llama-server's flags as they are
-    return argv

@@ -19,6 +19,7 @@ from proxy.bookkeeping import Bookkeeping
 from proxy.forward import Timeouts
 from proxy.metrics import ProxyMetrics
 from proxy.model_names import ModelCatalog
+from proxy.plan import ModelPlan
 from proxy.pool import BackendPool
 from proxy.routing.router import Router
 from proxy.routing.spec_counters import SpecCounterTracker
@@ -48,6 +49,12 @@ class ProxyState:
     router: Router
     timeouts: Timeouts
     admission: Admission
+    plans: dict[str, ModelPlan] = field(default_factory=dict)
+    """How each model is served now (proxy.plan); auto's settles at its first probe."""
+    replanning: set[str] = field(default_factory=set)
+    """Models whose processes are being replaced by another shape: their requests wait."""
+    replans: set[asyncio.Task[None]] = field(default_factory=set)
+    """Those replacements (proxy.replan), awaited after the supervisor stopped."""
     started_at: float = field(default_factory=time.time)
     spec_counters: SpecCounterTracker = field(default_factory=SpecCounterTracker)
     background: set[asyncio.Task[None]] = field(default_factory=set)

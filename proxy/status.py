@@ -59,14 +59,21 @@ def render_status(url: str, backends: list[dict[str, Any]], routing: dict[str, A
     return "\n".join(sections)
 
 
+_BACKEND_COLUMNS = (
+    "backend", "profile", "state", "draft control", "pid", "restarts", "in-flight", "uptime",
+    "last error",
+)  # fmt: skip
+
+
 def _backends_table(backends: list[dict[str, Any]]) -> str:
     return _table(
-        ["backend", "profile", "state", "pid", "restarts", "in-flight", "uptime", "last error"],
+        _BACKEND_COLUMNS,
         [
             [
                 b.get("name"),
                 b.get("profile"),
                 b.get("state"),
+                b.get("draft_control"),
                 b.get("pid"),
                 b.get("restarts"),
                 _in_flight(b.get("in_flight"), b.get("slots")),

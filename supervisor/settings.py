@@ -22,6 +22,9 @@ class SupervisorSettings(BaseModel):
         15.0, gt=0, description="UNHEALTHY this long -> killed and restarted (local backends)"
     )
     ready_timeout_s: float = Field(300.0, gt=0, description="loading may take this long")
+    probe_timeout_s: float = Field(
+        20.0, gt=0, description="the draft-control probe before READY (two short requests)"
+    )
     stop_timeout_s: float = Field(10.0, gt=0, description="SIGTERM -> SIGKILL grace period")
     drain_timeout_s: float = Field(30.0, ge=0, description="wait for in-flight requests")
     stagger_s: float = Field(0.5, ge=0, description="pause between spawns at start")

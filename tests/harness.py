@@ -27,12 +27,15 @@ def simulator_model(
     slots: int = 4,
     extra_args: list[str] | None = None,
     profiles: list[dict[str, Any]] | None = None,
+    draft_control: str = "per-process",
 ) -> dict[str, Any]:
-    """A model served by simulated backends off/min/max (time compressed for fast tests)."""
+    """A model served by simulated backends off/min/max (time compressed for fast tests): by
+    default the three-process pool; draft_control "per-request" makes it one process."""
     args = ["--preset", preset, "--time-scale", str(time_scale), "-np", str(slots), "-c", "131072"]
     return {
         "name": name,
         "backend": "simulator",
+        "draft_control": draft_control,
         "args": args + (extra_args or []),
         "profiles": profiles
         or [

@@ -74,6 +74,31 @@ def llama_server_binary() -> str:
     return path
 
 
+# The llama-server built with patches/llama.cpp (per-request "speculative.n_max"); scripts/test.sh
+# exports it from scripts/build-llama-server.sh.
+PATCHED_BINARY_ENV = "MTP_PATCHED_LLAMA_SERVER"
+BUILD_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "build-llama-server.sh"
+
+
+def patched_llama_server_binary() -> str:
+    """The patched llama-server: $MTP_PATCHED_LLAMA_SERVER, else the build script's cached one.
+
+    Without the variable the script runs here: a cache hit takes a second, a first build about
+    10 minutes on 2 cores (its progress goes to stderr).
+    """
+    path = os.environ.get(PATCHED_BINARY_ENV)
+    if not path:
+        done = subprocess.run(
+            ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
+        )
+        if done.returncode != 0:
+            pytest.fail(f"{BUILD_SCRIPT} failed ({done.returncode})", pytrace=False)
+        path = done.stdout.strip().splitlines()[-1]
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"patched llama-server {path} is not an executable file", pytrace=False)
+    return path
+
+
 def _model_file(tmp_dir: Path, key: str, cfg: LlamaConfig | Qwen35Config) -> Path:
     digest = hashlib.sha256(f"{GENERATOR_VERSION}:{cfg!r}".encode()).hexdigest()[:12]
     return tmp_dir / f"{key}-{digest}.gguf"

@@ -58,10 +58,12 @@ def llama_model(
     name: str = MODEL,
     profiles: list[dict[str, Any]] | None = None,
     args: list[str] | None = None,
+    draft_control: str = "per-process",
 ) -> dict[str, Any]:
     return {
         "name": name,
         "backend": "llama-server",
+        "draft_control": draft_control,
         "binary": llama_server_binary(),
         "model_path": str(model_path),
         "args": list(args or ARGS),

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.app import create_app
 from proxy.routing.policy import Reason
 from proxy.settings import load_settings
+from supervisor.probe import DraftControl
 from supervisor.states import BackendState
 from tests.harness import ADMIN_KEY, ProxyProcess, proxy_config, running_proxy
 from tests.traffic import MODEL, UNROUTED, Sent, body_for, send, standard_mix, wait_all_ready
@@ -310,6 +311,7 @@ def test_label_values_are_bounded(run: Run) -> None:
         "profile": {*PROFILES, UNROUTED},
         "reason": set(get_args(Reason)),
         "state": {state.value for state in BackendState},
+        "control": set(get_args(DraftControl)),
         "backend": {f"{MODEL}/{p}" for p in PROFILES},
         "request_class": {CLASS, UNROUTED},
     }

@@ -32,7 +32,7 @@ def sparse(path: Path, size: int) -> Path:
 
 def settings_for(model_path: Path, **model: Any) -> Settings:
     profiles = model.pop("profiles", PROFILES)
-    fields = {"args": ["-c", "8192"], **model}
+    fields = {"args": ["-c", "8192"], "draft_control": "per-process", **model}
     return Settings(
         models=[
             {

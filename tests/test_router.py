@@ -6,8 +6,9 @@ import random
 
 from proxy.pool import BackendPool
 from proxy.routing.features import RequestFeatures
-from proxy.routing.router import Route, Router, SlotCaches
+from proxy.routing.router import PerRequestModel, Route, Router
 from proxy.routing.settings import RoutingSettings
+from proxy.routing.slot_caches import SlotCaches
 from proxy.routing.telemetry import ParsedUsage
 from supervisor.spec import BackendSpec
 from supervisor.states import BackendState
@@ -151,3 +152,65 @@ def test_seeded_draws_of_a_request_do_not_depend_on_earlier_decisions() -> None:
     first = pick(0)
     assert first == pick(3) == pick(11)
     assert "explore" in first  # the draws do explore, just the same way every time
+
+
+def _one_process_router(settings: RoutingSettings, *, mixed: bool = False) -> Router:
+    pool = BackendPool()
+    spec = BackendSpec("m/one-copy", "m", "one-copy", ("x",))
+    pool.update(spec, BackendState.READY, "http://127.0.0.1:1", slots=4)
+    router = Router(settings, pool, rng=random.Random(0))
+    router.per_request["m"] = PerRequestModel({"off": 0, "min": 2, "max": 3}, mixed)
+    return router
+
+
+def test_one_process_routes_a_depth_and_what_decodes_there_fixes_the_next() -> None:
+    settings = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0)
+    router = _one_process_router(settings)
+    first = router.route("m", _features("a"), exclude=())
+    assert first is not None
+    assert (first.backend.name, first.profile, first.depth, first.level) == (
+        "m/one-copy",
+        "max",
+        3,
+        1,
+    )
+    with router.pool.lease(first.backend, first.profile):
+        assert dict(first.backend.decoding) == {"max": 1}
+        second = router.route("m", _features("b", tokens=60_000), exclude=())
+        assert second is not None
+        assert (second.profile, second.depth, second.reason) == ("max", 3, "uniform")
+    assert dict(first.backend.decoding) == {}
+    # Mixed depths allowed: the long prompt gets its own depth, at load level 2.
+    mixed = _one_process_router(settings, mixed=True)
+    held = mixed.route("m", _features("a"), exclude=())
+    assert held is not None
+    with mixed.pool.lease(held.backend, held.profile):
+        other = mixed.route("m", _features("b", tokens=60_000), exclude=())
+        assert other is not None and (other.depth, other.level) == (0, 2)
+
+
+def test_one_process_observations_are_kept_per_load_level() -> None:
+    settings = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0)
+    router = _one_process_router(settings)
+    route = router.route("m", _features("a"), exclude=())
+    assert route is not None
+    usage = ParsedUsage(has_timings=True, prompt_n=500, predicted_n=100, predicted_ms=2000.0)
+    with router.pool.lease(route.backend, route.profile):
+        pass
+    router.observe(route, _features("a"), usage, sent_at=0.0, done_at=3.0)
+    rows = router.stats.table()
+    assert [(r["class"], r["profile"], r["level"]) for r in rows] == [("<4k/prose@1", "max", 1)]
+
+
+def test_one_process_remembers_its_recent_concurrency() -> None:
+    settings = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0)
+    router = _one_process_router(settings)
+    backend = router.pool.get("m/one-copy")
+    assert backend is not None and backend.recent_load == 1.0
+    for n in range(3):
+        backend.in_flight = n  # n others decoding when each arrives
+        assert router.route("m", _features(f"s{n}"), exclude=()) is not None
+    assert 1.0 < backend.recent_load < 3.0
+    backend.in_flight = 0
+    idle = router.route("m", _features("later"), exclude=())
+    assert idle is not None and idle.level == 1  # decays: one busy moment is not a burst

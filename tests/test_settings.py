@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from proxy.model_names import ModelCatalog
-from proxy.settings import ConfigError, backend_specs, load_settings
+from proxy.plan import backend_specs, plans_of
+from proxy.settings import ConfigError, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,13 +21,27 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_embedded_default_is_the_simulated_demo_pool() -> None:
+def test_embedded_default_is_one_simulated_process_with_per_request_depths() -> None:
     settings = load_settings(None)
     assert (settings.server.host, settings.server.port) == ("127.0.0.1", 8080)
-    specs = backend_specs(settings)
+    plan = plans_of(settings)["mtp-demo"]
+    assert (plan.shape, dict(plan.depths)) == ("one-process", {"off": 0, "min": 2, "max": 3})
+    (spec,) = backend_specs(settings)
+    assert spec.name == "mtp-demo/one-copy"
+    argv = list(spec.argv)
+    assert argv[1:3] == ["-m", "simulator"]
+    assert argv[argv.index("--spec-type") + 1] == "draft-mtp"
+    assert argv[argv.index("--spec-draft-n-max") + 1] == "3"  # the deepest profile's
+    assert argv.count("--metrics") == 1
+
+
+def test_the_pool_stays_one_process_per_profile(tmp_path: Path) -> None:
+    text = (ROOT / "proxy" / "default_config.toml").read_text()
+    path = tmp_path / "pool.toml"
+    path.write_text(text.replace('draft_control = "per-request"', 'draft_control = "per-process"'))
+    specs = backend_specs(load_settings(path))
     assert [s.name for s in specs] == ["mtp-demo/off", "mtp-demo/min", "mtp-demo/max"]
     off, low, high = (list(s.argv) for s in specs)
-    assert off[1:3] == ["-m", "simulator"]
     assert "--spec-type" not in off
     assert low[low.index("--spec-draft-n-max") + 1] == "2"
     assert low[low.index("--spec-draft-n-min") + 1] == "1"
@@ -78,8 +93,8 @@ def test_check_config_prints_each_backend_command_line() -> None:
     assert result.returncode == 0, result.stderr
     assert "model mtp-demo: 3 profile(s)" in result.stdout
     assert "any other model name: mtp-demo" in result.stdout
-    max_line = next(line for line in result.stdout.splitlines() if "mtp-demo/max:" in line)
-    assert "--spec-type draft-mtp --spec-draft-n-max 3 --metrics" in max_line
+    line = next(line for line in result.stdout.splitlines() if "mtp-demo/one-copy:" in line)
+    assert "--spec-type draft-mtp --spec-draft-n-max 3 --metrics" in line
 
 
 def test_check_config_exits_2_listing_problems(tmp_path: Path) -> None:

@@ -255,3 +255,41 @@ def test_load_drops_cells_of_changed_buckets(tmp_path: Path) -> None:
     loaded = LearnedStats.load(path, new)
     assert loaded.load_report == "loaded 1 cells, dropped 1"
     assert [r["class"] for r in loaded.table()] == ["<1000/code"]
+
+
+def test_load_levels_are_kept_apart_and_survive_a_restart(tmp_path: Path) -> None:
+    settings = RoutingSettings()
+    stats = LearnedStats(settings)
+    cls = RequestClass("<4k", "prose")
+    for level, speed in ((1, 50.0), (2, 20.0)):
+        for _ in range(6):
+            stats.observe(cls, "max", _obs_for_levels(speed), model="m", level=level)
+    assert stats.view(cls, "m", 1)["max"].decode_tok_s == pytest.approx(50.0)
+    assert stats.view(cls, "m", 2)["max"].decode_tok_s == pytest.approx(20.0)
+    assert stats.view(cls, "m") == {}  # the pool's cells (level 0) are separate
+    labels = sorted(str(row["class"]) for row in stats.table())
+    assert labels == ["<4k/prose@1", "<4k/prose@2"]
+    path = tmp_path / "state.json"
+    stats.save(path)
+    loaded = LearnedStats.load(path, settings)
+    assert loaded.view(cls, "m", 2)["max"].decode_tok_s == pytest.approx(20.0)
+    fewer = LearnedStats.load(path, RoutingSettings(concurrency_levels=[1, 4]))
+    assert fewer.load_report == "loaded 1 cells, dropped 1"
+
+
+def _obs_for_levels(speed: float) -> Observation:
+    return Observation(
+        backend="m/one-copy",
+        profile="max",
+        request_class=RequestClass("<4k", "prose"),
+        context_tokens=500,
+        cached_tokens=0,
+        output_tokens=100,
+        draft_n=None,
+        draft_n_accepted=None,
+        decode_tok_s=speed,
+        prefill_s=None,
+        ttft_s=None,
+        total_s=None,
+        source="timings",
+    )

@@ -9,10 +9,12 @@ import os
 import re
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness import ADMIN_KEY, ProxyProcess, free_port, proxy_config, running_proxy
 from tests.traffic import Sent, body_for, standard_mix, wait_all_ready
@@ -148,3 +150,26 @@ def test_not_a_url_exits_1() -> None:
     result = status("--url", "127.0.0.1:8080")
     assert result.returncode == 1
     assert "must be an http:// or https:// URL" in result.stderr
+
+
+def test_draft_control_is_the_same_in_status_admin_and_metrics(proxy: ProxyProcess) -> None:
+    """The probe's verdict per backend: off has no speculation; min and max were asked."""
+    result = status("--url", proxy.url, "--admin-key", ADMIN_KEY)
+    assert result.returncode == 0, result.stderr
+    shown = {row["backend"]: row["draft control"] for row in table(result.stdout, "Backends")}
+    _, admin = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)
+    held = {b["name"]: b["draft_control"] for b in admin["backends"]}
+    reasons = {b["name"]: b["draft_control_reason"] for b in admin["backends"]}
+    with urllib.request.urlopen(proxy.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    metric = {
+        sample.labels["backend"]: sample.labels["control"]
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "mtp_proxy_backend_draft_control" and sample.value == 1
+    }
+    assert shown == held == metric, (shown, held, metric)
+    assert held["mtp-demo/off"] == "none" and "without speculation" in reasons["mtp-demo/off"]
+    for profile in ("min", "max"):  # the simulator: per-request, or ignored with --ignore-...
+        name = f"mtp-demo/{profile}"
+        assert held[name] in ("per-request", "ignored") and "drafted" in reasons[name]

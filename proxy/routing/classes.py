@@ -48,3 +48,10 @@ def classify_tokens(tokens: int, kind: ContentKind, settings: RoutingSettings) -
 
 def classify(features: RequestFeatures, settings: RoutingSettings) -> RequestClass:
     return classify_tokens(features.est_prompt_tokens, features.kind, settings)
+
+
+def load_level(decoding: float, settings: RoutingSettings) -> int:
+    """The load level of a request decoding beside others (``decoding`` counts it too): the
+    largest of ``concurrency_levels`` not above it, so [1, 2, 4] gives 1, 2 (2-3) or 4 (4+)."""
+    levels = settings.concurrency_levels
+    return levels[max(bisect.bisect_right(levels, round(decoding)) - 1, 0)]

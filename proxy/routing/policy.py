@@ -31,7 +31,7 @@ from proxy.routing.features import ContentKind, RequestFeatures
 from proxy.routing.settings import Role, RoutingSettings
 from proxy.routing.stats import Estimate
 
-Reason = Literal["pinned", "affinity", "learned", "explore", "rule", "spill", "fallback"]
+Reason = Literal["pinned", "affinity", "learned", "explore", "rule", "spill", "fallback", "uniform"]
 
 _FALLBACK_ORDER: dict[Role, tuple[Role, ...]] = {
     "max": ("max", "min", "off"),

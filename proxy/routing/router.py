@@ -1,6 +1,7 @@
 """Routing glue: features in, a backend out; telemetry in, learned statistics out.
 
-The decision itself is `policy.decide` (pure). This module owns the state around it: the learned
+The decision itself is `policy.decide` for a pool and `depth.decide_depth` for a model served by
+one process (both pure). This module owns the state around them: the learned
 statistics, session affinity (session key -> backend that holds its prefix cache), the routing
 mix, and turning a finished relay into an observation.
 """
@@ -9,17 +10,19 @@ from __future__ import annotations
 
 import random
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.forward import Relayed
 from proxy.pool import BackendPool, BackendSlot
-from proxy.routing.classes import RequestClass, classify
+from proxy.routing.classes import RequestClass, classify, load_level
+from proxy.routing.depth import Replica, decide_depth
 from proxy.routing.features import Api, RequestFeatures, extract_features
 from proxy.routing.policy import Candidate, decide
 from proxy.routing.settings import RoutingSettings
+from proxy.routing.slot_caches import SlotCaches
 from proxy.routing.stats import LearnedStats
 from proxy.routing.telemetry import (
     Observation,
@@ -42,6 +45,10 @@ class Route:
     """Other requests on the backend when it was chosen (the load its speed is measured at)."""
     cache_key: object = None
     """What SlotCaches knows this request's slot by (released when it is observed)."""
+    depth: int | None = None
+    """A per-request process: the draft depth to inject ("speculative.n_max"); else None."""
+    level: int = 0
+    """A per-request process: the load level the depth was chosen at (statistics key)."""
 
     @property
     def class_label(self) -> str:
@@ -58,77 +65,12 @@ class LearnedRow:
     samples: float
 
 
-class SlotCaches:
-    """Which sessions' prompt caches each backend still holds, modelled on llama-server's slots.
+@dataclass(frozen=True)
+class PerRequestModel:
+    """A model served by one process (per replica): its profiles are per-request depths."""
 
-    A request of a session whose prefix a slot holds reuses that slot; any other request takes
-    the least recently used *idle* slot and overwrites its cache (a slot serving a request
-    cannot be taken). So a backend with N slots holds the caches of the sessions it served
-    last, and a long request in progress keeps its cache however many short ones pass by:
-    counting it as the next victim made short requests shun a backend they could share.
-    """
-
-    def __init__(self) -> None:
-        self._lru: dict[str, OrderedDict[object, int]] = {}  # key -> cached prompt tokens
-        self._busy: dict[str, OrderedDict[object, int]] = {}  # key -> requests in flight
-
-    def use(self, backend: str, session_key: str | None, tokens: int, slots: int) -> object:
-        """A request goes to the backend; returns the key to ``release`` it with."""
-        lru = self._lru.setdefault(backend, OrderedDict())
-        busy = self._busy.setdefault(backend, OrderedDict())
-        key: object = session_key if session_key is not None else object()
-        lru[key] = tokens
-        lru.move_to_end(key)
-        busy[key] = busy.get(key, 0) + 1
-        while len(lru) > max(slots, 1):
-            victim = next((k for k in lru if k not in busy), next(iter(lru)))
-            del lru[victim]
-        return key
-
-    def release(self, backend: str, key: object) -> None:
-        """The request is done: its slot may be taken by another session from now on."""
-        busy = self._busy.get(backend)
-        if busy is None or key not in busy:
-            return
-        busy[key] -= 1
-        if busy[key] <= 0:
-            del busy[key]
-
-    def trim(self, backend: str, in_flight: int, slots: int) -> None:
-        """Drop busy marks that cannot be right: requests that failed are never released.
-        An idle backend has none; otherwise at most ``slots`` more than its in-flight count
-        are kept (a finished request's release may still be on its way: /metrics round trip,
-        so the newest marks are not dropped just because the count is ahead of them)."""
-        busy = self._busy.get(backend)
-        if not busy:
-            return
-        if in_flight <= 0:
-            busy.clear()
-            return
-        while busy and sum(busy.values()) > in_flight + max(slots, 1):
-            del busy[next(iter(busy))]
-
-    def resident(self, backend: str, session_key: str | None, min_tokens: int) -> int:
-        """Other sessions whose cached prompt of at least ``min_tokens`` the backend holds."""
-        if min_tokens <= 0:
-            return 0
-        lru: Mapping[object, int] = self._lru.get(backend, {})
-        return sum(
-            1 for k, n in lru.items() if n >= min_tokens and type(k) is str and k != session_key
-        )
-
-    def holds(self, backend: str, session_key: str) -> bool:
-        return session_key in self._lru.get(backend, ())
-
-    def victim_tokens(self, backend: str, session_key: str | None, slots: int) -> int:
-        """Cached tokens a request of this session would overwrite on the backend: the least
-        recently used idle slot's (the least recently used one when none is idle)."""
-        lru = self._lru.get(backend)
-        if not lru or len(lru) < slots or (session_key is not None and session_key in lru):
-            return 0
-        busy: Mapping[object, int] = self._busy.get(backend, {})
-        idle = next((k for k in lru if k not in busy), None)
-        return lru[idle] if idle is not None else next(iter(lru.values()))
+    depths: Mapping[str, int]
+    mixed: bool = False  # may requests at different depths decode at once on one process
 
 
 class Router:
@@ -147,6 +89,8 @@ class Router:
         self._sessions: dict[str, tuple[str, float]] = {}  # key -> (backend, last used)
         self._caches = SlotCaches()
         self.mix: Counter[tuple[str, str, str]] = Counter()  # (model, profile, reason)
+        self.per_request: dict[str, PerRequestModel] = {}  # set by the app from the plans
+        self._load_decay = 0.5 ** (1.0 / settings.load_half_life_requests)
 
     def features(
         self, api: Api, model: str, body: Mapping[str, Any], headers: Mapping[str, str]
@@ -162,6 +106,9 @@ class Router:
     def route(
         self, model: str, features: RequestFeatures, *, exclude: Collection[str]
     ) -> Route | None:
+        per_request = self.per_request.get(model)
+        if per_request is not None:
+            return self._route_depth(model, per_request, features, exclude)
         holder = self._holder(features.session_key)
         pinned = self.pinned_profile(model, features, exclude)
         backends = self.pool.of_model(model)
@@ -206,6 +153,63 @@ class Router:
             backend, decision.profile, decision.reason, decision.detail, cls, backend.in_flight, key
         )
 
+    def _route_depth(
+        self,
+        model: str,
+        per_request: PerRequestModel,
+        features: RequestFeatures,
+        exclude: Collection[str],
+    ) -> Route | None:
+        """One process per replica: a replica and a per-request depth (routing.depth)."""
+        holder = self._holder(features.session_key)
+        replicas = [
+            Replica(
+                b.name,
+                b.ready,
+                b.in_flight,
+                b.slots,
+                b.name == holder,
+                dict(b.decoding),
+                b.recent_load,
+            )
+            for b in self.pool.of_model(model)
+            if b.name not in exclude
+        ]
+        decision = decide_depth(
+            features,
+            replicas,
+            per_request.depths,
+            self.stats.for_model(model),
+            self.settings,
+            self._draws(features),
+            mixed=per_request.mixed,
+        )
+        if decision is None:
+            return None
+        backend = self.pool.get(decision.backend)
+        if backend is None:
+            return None
+        decay = self._load_decay
+        backend.recent_load = backend.recent_load * decay + (backend.in_flight + 1) * (1 - decay)
+        if features.session_key is not None:
+            self._sessions[features.session_key] = (backend.name, time.monotonic())
+        key = self._caches.use(
+            backend.name, features.session_key, features.est_prompt_tokens, backend.slots
+        )
+        self.mix[(model, decision.profile, decision.reason)] += 1
+        cls = classify(features, self.settings)
+        return Route(
+            backend,
+            decision.profile,
+            decision.reason,
+            decision.detail,
+            cls,
+            backend.in_flight,
+            key,
+            depth=decision.depth,
+            level=decision.level,
+        )
+
     def _draws(self, features: RequestFeatures) -> random.Random:
         """The random source of one decision. Seeded: drawn from the seed and the request's own
         content (session key, prompt size), so a request's exploration draws do not depend on
@@ -225,6 +229,10 @@ class Router:
         if not features.pinned_profile:
             return None
         profile = self.settings.resolve_pin(features.pinned_profile)
+        per_request = self.per_request.get(model)
+        if per_request is not None:
+            # Every replica serves every profile; a pin waits for a free slot like any request.
+            return None
         ready = any(
             b.profile == profile and b.name not in exclude for b in self.pool.ready_of_model(model)
         )
@@ -269,7 +277,10 @@ class Router:
         sent_at: float,
         done_at: float,
         spec_delta: SpecCounters | None = None,
+        learn: bool = True,
     ) -> Observation:
+        """The request's observation; learned from unless ``learn`` is False (it ran at a
+        depth the client set itself, which is not its route's profile)."""
         self._caches.release(route.backend.name, route.cache_key)
         scale = self.settings.clock_scale
         if scale != 1.0:  # every clock reading is scaled: their differences scale alike
@@ -288,13 +299,20 @@ class Router:
             done_at=done_at,
             spec_delta=spec_delta,
         )
-        if not self.settings.learning:
+        if not self.settings.learning or not learn:
             return observation
         # The load over the request's life: the mean of the others in flight when it was sent
         # and when it ended (the lease is released by now, so in_flight counts only others).
         load = (route.in_flight + route.backend.in_flight) / 2.0
+        # A per-request process keys its statistics by load level (this request counted).
+        level = load_level(load + 1.0, self.settings) if route.depth is not None else 0
         self.stats.observe(
-            route.request_class, route.profile, observation, model=features.model, load=load
+            route.request_class,
+            route.profile,
+            observation,
+            model=features.model,
+            load=load,
+            level=level,
         )
         if observation.context_tokens:
             self.stats.calibrator.observe(features, observation.context_tokens)

@@ -241,7 +241,9 @@ class LearnedStats:
     def __init__(self, settings: RoutingSettings) -> None:
         self._settings = settings
         self._decay = decay_factor(settings.half_life_samples)
-        self._cells: dict[tuple[str, RequestClass], dict[str, _Cell]] = {}
+        # (model, class, load level) -> profile -> cell. Level 0: the pool, where load is a
+        # number kept in the cell; a per-request process keys its cells by load level instead.
+        self._cells: dict[tuple[str, RequestClass, int], dict[str, _Cell]] = {}
         self.calibrator = TokenCalibrator(
             settings.chars_per_token, settings.chars_per_token_half_life
         )
@@ -255,23 +257,28 @@ class LearnedStats:
         *,
         model: str = "",
         load: float = 0.0,
+        level: int = 0,
     ) -> None:
-        """Add one observation; ``load``: other requests on its backend meanwhile (mean)."""
-        cell = self._cells.setdefault((model, cls), {}).setdefault(profile, _Cell())
+        """Add one observation; ``load``: other requests on its backend meanwhile (mean);
+        ``level``: its load level on a per-request process (0: a pool backend)."""
+        cell = self._cells.setdefault((model, cls, level), {}).setdefault(profile, _Cell())
         cell.observe(obs, self._decay, self._settings.prior_prefill_tok_s, load)
 
-    def estimate(self, cls: RequestClass, profile: str, *, model: str = "") -> Estimate | None:
+    def estimate(
+        self, cls: RequestClass, profile: str, *, model: str = "", level: int = 0
+    ) -> Estimate | None:
         """The estimate, or None while it is below min_samples (not trusted)."""
-        cell = self._cells.get((model, cls), {}).get(profile)
+        cell = self._cells.get((model, cls, level), {}).get(profile)
         if cell is None:
             return None
         est = cell.estimate(self._settings.min_samples)
         return est if est.trusted else None
 
-    def view(self, cls: RequestClass, model: str = "") -> dict[str, Estimate]:
-        """Every profile with data in this class, trusted or not (see Estimate.trusted)."""
+    def view(self, cls: RequestClass, model: str = "", level: int = 0) -> dict[str, Estimate]:
+        """Every profile with data in this class (and load level), trusted or not."""
         min_samples = self._settings.min_samples
-        return {p: c.estimate(min_samples) for p, c in self._cells.get((model, cls), {}).items()}
+        cells = self._cells.get((model, cls, level), {})
+        return {p: c.estimate(min_samples) for p, c in cells.items()}
 
     def for_model(self, model: str) -> ModelStats:
         """The policy's StatsView of one model."""
@@ -280,12 +287,14 @@ class LearnedStats:
     def table(self) -> list[dict[str, object]]:
         """Rows for GET /admin/routing and the metrics gauges."""
         rows: list[dict[str, object]] = []
-        for model, cls in sorted(self._cells):
-            for profile, est in sorted(self.view(cls, model).items()):
+        for model, cls, level in sorted(self._cells):
+            for profile, est in sorted(self.view(cls, model, level).items()):
                 rows.append(
                     {
                         "model": model,
-                        "class": cls.label,
+                        # "@N": measured with N or more requests decoding on one process
+                        "class": cls.label + (f"@{level}" if level else ""),
+                        "level": level,
                         "bucket": cls.bucket,
                         "kind": cls.kind,
                         "profile": profile,
@@ -313,9 +322,10 @@ class LearnedStats:
                 "bucket": cls.bucket,
                 "kind": cls.kind,
                 "profile": profile,
+                "level": level,
                 **cell.to_json(),
             }
-            for (model, cls), by_profile in self._cells.items()
+            for (model, cls, level), by_profile in self._cells.items()
             for profile, cell in by_profile.items()
         ]
         state = {
@@ -359,12 +369,18 @@ class LearnedStats:
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise ValueError("not a routing state file of version 1")
         labels = set(bucket_labels(self._settings.context_buckets))
+        levels = {0, *self._settings.concurrency_levels}
         kept = dropped = 0
         for row in state["cells"]:
+            level = row.get("level", 0)  # files written before load levels: pool cells
             if row["bucket"] not in labels or row["kind"] not in ("code", "prose"):
                 dropped += 1  # bucket bounds changed since the file was written
                 continue
-            key = (str(row.get("model", "")), RequestClass(str(row["bucket"]), row["kind"]))
+            if level not in levels:
+                dropped += 1  # concurrency levels changed since the file was written
+                continue
+            cls = RequestClass(str(row["bucket"]), row["kind"])
+            key = (str(row.get("model", "")), cls, int(level))
             self._cells.setdefault(key, {})[str(row["profile"])] = _Cell.from_json(row)
             kept += 1
         self.calibrator.load_json(state.get("chars_per_token"))
@@ -380,6 +396,10 @@ class ModelStats:
 
     def view(self, cls: RequestClass) -> dict[str, Estimate]:
         return self.stats.view(cls, self.model)
+
+    def view_at(self, cls: RequestClass, level: int) -> dict[str, Estimate]:
+        """A per-request process's estimates at one load level (routing.depth)."""
+        return self.stats.view(cls, self.model, level)
 
 
 def _round(value: float | None, digits: int = 2) -> float | None:

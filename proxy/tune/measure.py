@@ -1,0 +1,174 @@
+"""One measured request: send it to a backend, read its telemetry as the proxy reads it.
+
+The response is streamed and read with the proxy's own ``StreamTelemetry`` and
+``make_observation``, so tune measures exactly what the router would learn from the same
+answer: decode speed and prefill time from llama-server's ``timings`` where the API has them,
+the clock plus the /metrics draft counters where it does not (Anthropic Messages).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import aiohttp
+
+from proxy.routing.classes import RequestClass
+from proxy.routing.features import Api
+from proxy.routing.telemetry import (
+    Observation,
+    ParsedUsage,
+    SpecCounters,
+    StreamTelemetry,
+    make_observation,
+    parse_spec_counters,
+)
+
+DEPTH_FIELD = "speculative.n_max"
+"""The per-request draft depth (a flat top-level key; see HELPERS.md's contract)."""
+API_OF_PATH: dict[str, Api] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+_UNCLASSIFIED = RequestClass("", "prose")  # the class is decided later, at analysis
+
+
+class MeasureError(RuntimeError):
+    """The backend did not answer the request with a usable response."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured request of one setting; saved as a JSON line in the results."""
+
+    setting: str  # DraftSetting.name
+    item: str  # WorkItem.id
+    repeat: int
+    tag: str  # the marker line the prompt was sent with (see WorkItem.request)
+    mode: str  # "per-process" or "per-request"
+    context_tokens: int | None
+    cached_tokens: int | None
+    output_tokens: int
+    decode_tok_s: float | None
+    prefill_s: float | None
+    total_s: float | None
+    draft_n: int | None
+    draft_n_accepted: int | None
+
+    @classmethod
+    def of(
+        cls, obs: Observation, *, setting: str, item: str, repeat: int, tag: str, mode: str
+    ) -> Measurement:
+        return cls(
+            setting=setting,
+            item=item,
+            repeat=repeat,
+            tag=tag,
+            mode=mode,
+            context_tokens=obs.context_tokens,
+            cached_tokens=obs.cached_tokens,
+            output_tokens=obs.output_tokens or 0,
+            decode_tok_s=obs.decode_tok_s,
+            prefill_s=obs.prefill_s,
+            total_s=obs.total_s,
+            draft_n=obs.draft_n,
+            draft_n_accepted=obs.draft_n_accepted,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Measurement:
+        return cls(**data)
+
+    def observation(self, request_class: RequestClass, profile: str) -> Observation:
+        """Back into the router's form, to seed its learned statistics."""
+        return Observation(
+            backend="tune",
+            profile=profile,
+            request_class=request_class,
+            context_tokens=self.context_tokens,
+            cached_tokens=self.cached_tokens,
+            output_tokens=self.output_tokens,
+            draft_n=self.draft_n,
+            draft_n_accepted=self.draft_n_accepted,
+            decode_tok_s=self.decode_tok_s,
+            prefill_s=self.prefill_s,
+            ttft_s=None,
+            total_s=self.total_s,
+            source="timings",
+        )
+
+    @property
+    def decode_s(self) -> float | None:
+        if self.decode_tok_s is None or self.decode_tok_s <= 0:
+            return None
+        return self.output_tokens / self.decode_tok_s
+
+
+async def measure(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    path: str,
+    body: dict[str, Any],
+    *,
+    clock_scale: float,
+    depth: int | None,
+) -> Observation:
+    """Send one request; what the router would observe of it (its class left blank).
+    ``depth`` sets the per-request draft depth field; None leaves it out."""
+    api = API_OF_PATH.get(path)
+    if api is None:
+        raise MeasureError(f"unsupported path {path}")
+    if depth is not None:
+        body = {**body, DEPTH_FIELD: depth}
+    before = await _spec_counters(session, base_url) if api == "messages" else None
+    sink = StreamTelemetry(api)
+    sent = time.monotonic()
+    async with session.post(base_url + path, json=body) as resp:
+        if resp.status != 200:
+            detail = (await resp.text())[:300]
+            raise MeasureError(f"{path} answered {resp.status}: {detail}")
+        async for chunk in resp.content.iter_any():
+            sink.feed(chunk, time.monotonic())
+    done = time.monotonic()
+    usage = sink.result(done)
+    delta = None
+    if before is not None:
+        after = await _spec_counters(session, base_url)
+        delta = after - before if after is not None else None
+    if clock_scale != 1.0:  # clock readings of a time-compressed simulator, as the router does
+        usage = _scaled(usage, clock_scale)
+        sent, done = sent * clock_scale, done * clock_scale
+    obs = make_observation(
+        usage,
+        backend=base_url,
+        profile="",
+        request_class=_UNCLASSIFIED,
+        sent_at=sent,
+        done_at=done,
+        spec_delta=delta,
+    )
+    if not obs.output_tokens:
+        raise MeasureError(f"{path}: the answer reported no output tokens")
+    return obs
+
+
+async def _spec_counters(session: aiohttp.ClientSession, base_url: str) -> SpecCounters | None:
+    async with session.get(base_url + "/metrics") as resp:
+        if resp.status != 200:
+            return None
+        return parse_spec_counters(await resp.text())
+
+
+def _scaled(usage: ParsedUsage, scale: float) -> ParsedUsage:
+    first, last = usage.first_token_at, usage.last_token_at
+    return replace(
+        usage,
+        first_token_at=None if first is None else first * scale,
+        last_token_at=None if last is None else last * scale,
+    )

@@ -1,0 +1,69 @@
+"""Measured results on disk, per setting, so a rerun resumes and Ctrl-C loses nothing.
+
+    OUT/run.json                 what was measured: model, workload fingerprint, repeats
+    OUT/settings/<setting>.jsonl one measured request per line, appended as it is measured
+
+A rerun with the same model and workload skips every (setting, request, repeat) already in the
+files; a different workload or model in the same OUT is refused (its results would mix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from proxy.tune.measure import Measurement
+
+
+class StoreError(ValueError):
+    """OUT holds results of another run; the message says what differs."""
+
+
+class ResultStore:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self._dir = out / "settings"
+        self._done: dict[str, dict[tuple[str, int], Measurement]] = {}
+
+    def open(self, meta: dict[str, Any]) -> None:
+        """Check OUT against this run (``meta``: model, workload) and load what is there."""
+        self._dir.mkdir(parents=True, exist_ok=True)
+        run_file = self.out / "run.json"
+        if run_file.exists():
+            old = json.loads(run_file.read_text("utf-8"))
+            for key in ("model", "workload"):
+                if old.get(key) != meta.get(key):
+                    raise StoreError(
+                        f"{self.out} holds results of another {key} ({old.get(key)!r}, now "
+                        f"{meta.get(key)!r}): choose another --out or remove it"
+                    )
+        run_file.write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
+        for path in sorted(self._dir.glob("*.jsonl")):
+            for m in _read_lines(path):
+                self._done.setdefault(m.setting, {})[(m.item, m.repeat)] = m
+
+    def has(self, setting: str, item: str, repeat: int) -> bool:
+        return (item, repeat) in self._done.get(setting, {})
+
+    def add(self, m: Measurement) -> None:
+        """Append one measurement and flush it to disk before going on."""
+        with (self._dir / f"{m.setting}.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps(m.to_json(), separators=(",", ":")) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self._done.setdefault(m.setting, {})[(m.item, m.repeat)] = m
+
+    def measurements(self) -> list[Measurement]:
+        return [m for by_key in self._done.values() for m in by_key.values()]
+
+
+def _read_lines(path: Path) -> list[Measurement]:
+    out = []
+    for line in path.read_text("utf-8").splitlines():
+        try:
+            out.append(Measurement.from_json(json.loads(line)))
+        except (ValueError, TypeError):
+            continue  # a line cut short by a kill: that request is measured again
+    return out

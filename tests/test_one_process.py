@@ -1,0 +1,234 @@
+"""One process per model, profiles as per-request depths, through the real proxy on a simulator.
+
+The simulator honours "speculative.n_max" as the patched llama-server does; its /metrics counts
+draft tokens and verification steps per position, which tells the depth a request drafted at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.harness import (
+    ADMIN_KEY,
+    ProxyProcess,
+    proxy_config,
+    running_proxy,
+    simulator_model,
+    wait_all_ready,
+)
+
+MODEL = "mtp-demo"
+BACKEND = "mtp-demo/one-copy"
+PROFILES: list[dict[str, Any]] = [
+    {"name": "off"},
+    {"name": "one", "spec_type": "draft-mtp", "draft_n_max": 1},
+    {"name": "min", "spec_type": "draft-mtp", "draft_n_max": 2, "draft_n_min": 1},
+    {"name": "max", "spec_type": "draft-mtp", "draft_n_max": 3},
+]
+DEPTH = {"off": 0, "one": 1, "min": 2, "max": 3}
+NO_EXPLORE = {"seed": 1, "exploration_rate": 0.0, "cold_exploration_rate": 0.0}
+SHORT = "Tell me about lighthouses and the people who kept them."
+
+
+def body(api: str, text: str, max_tokens: int = 48) -> dict[str, Any]:
+    if api == "completions":
+        return {"model": MODEL, "prompt": text, "max_tokens": max_tokens}
+    if api == "responses":
+        return {"model": MODEL, "input": text, "max_output_tokens": max_tokens}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+    }
+
+
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+}
+
+
+def one_process_proxy(workdir: Path) -> Iterator[ProxyProcess]:
+    model = simulator_model(
+        draft_control="per-request", profiles=PROFILES, slots=4, time_scale=50.0
+    )
+    config = proxy_config([model], routing=NO_EXPLORE)
+    with running_proxy(config, workdir) as proxy:
+        wait_all_ready(proxy, {MODEL: 1})
+        yield proxy
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    yield from one_process_proxy(tmp_path_factory.mktemp("one-process"))
+
+
+@pytest.fixture
+def fresh_one_process(tmp_path: Path) -> Iterator[ProxyProcess]:
+    """One with nothing learned yet: the cold rules decide."""
+    yield from one_process_proxy(tmp_path)
+
+
+def backend_row(proxy: ProxyProcess) -> dict[str, Any]:
+    status, payload = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)
+    assert status == 200
+    return next(row for row in payload["backends"] if row["name"] == BACKEND)
+
+
+async def draft_counters(session: aiohttp.ClientSession, port: int) -> dict[str, float]:
+    """The backend's own draft counters: tokens, verification steps, accepted per position."""
+    async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+        text = await response.text()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            pos = sample.labels.get("pos") or sample.labels.get("position")
+            key = sample.name.removeprefix("llamacpp:") + (f"@{pos}" if pos is not None else "")
+            out[key] = sample.value
+    return out
+
+
+def delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    proxy: ProxyProcess,
+    api: str,
+    text: str,
+    *,
+    pin: str | None = None,
+    max_tokens: int = 48,
+) -> tuple[aiohttp.ClientResponse, dict[str, Any]]:
+    headers = {"X-MTP-Profile": pin} if pin else {}
+    async with session.post(
+        proxy.url + PATHS[api], json=body(api, text, max_tokens), headers=headers
+    ) as response:
+        payload = await response.json()
+        assert response.status == 200, payload
+        return response, payload
+
+
+async def test_pins_give_each_depth_through_all_four_apis(one_process: ProxyProcess) -> None:
+    port = backend_row(one_process)["port"]
+    async with aiohttp.ClientSession() as session:
+        for api in PATHS:
+            for profile, depth in DEPTH.items():
+                before = await draft_counters(session, port)
+                response, payload = await send(
+                    session, one_process, api, f"{SHORT} ({api} {profile})", pin=profile
+                )
+                after = await draft_counters(session, port)
+                assert response.headers["X-MTP-Profile"] == profile
+                assert response.headers["X-MTP-Route-Reason"] == "pinned"
+                assert response.headers["X-MTP-Backend"] == BACKEND
+                tokens = delta(after, before, "spec_decode_num_draft_tokens_total")
+                steps = delta(after, before, "spec_decode_num_drafts_total")
+                where = f"{api} at {profile}"
+                if depth == 0:
+                    assert (tokens, steps) == (0, 0), where
+                else:
+                    assert 0 < tokens <= depth * steps, where
+                    if depth == 1:
+                        assert tokens == steps, where
+                timings = payload.get("timings")
+                if api in ("chat", "completions"):
+                    assert timings is not None, where
+                    assert ("draft_n" in timings) == (depth > 0), where
+                    if depth:
+                        assert timings["draft_n"] == tokens, where
+
+
+async def test_the_deepest_profile_drafts_deeper_than_the_next(one_process: ProxyProcess) -> None:
+    """max (3) is not clamped to min (2): over a long answer some third draft tokens are
+    accepted at max, none at min (the backend counts accepted tokens per draft position)."""
+    port = backend_row(one_process)["port"]
+    third = "spec_decode_num_accepted_tokens_per_pos_total@2"
+    async with aiohttp.ClientSession() as session:
+        accepted_third = {}
+        for profile in ("min", "max"):
+            before = await draft_counters(session, port)
+            text = f"{SHORT} deep {profile}"
+            await send(session, one_process, "chat", text, pin=profile, max_tokens=300)
+            after = await draft_counters(session, port)
+            accepted_third[profile] = delta(after, before, third)
+        assert accepted_third["min"] == 0 < accepted_third["max"], accepted_third
+
+
+async def test_a_client_that_sets_the_depth_keeps_it(one_process: ProxyProcess) -> None:
+    """It runs at its own depth, and is not learned as the profile it was routed to. (The
+    simulator, like llama-server's parser, takes the last of duplicate keys: the depth would be
+    the client's even if the proxy added its own first.)"""
+    port = backend_row(one_process)["port"]
+    prose = " ".join([SHORT] * 400)  # ~6k tokens: a class no other request here falls in
+    async with aiohttp.ClientSession() as session:
+        await send(session, one_process, "chat", f"{SHORT} learned", pin="max")  # is learned
+        before = await draft_counters(session, port)
+        request = {**body("chat", prose, 64), "speculative.n_max": 1}
+        headers = {"X-MTP-Profile": "max"}
+        async with session.post(
+            one_process.url + PATHS["chat"], json=request, headers=headers
+        ) as response:
+            assert response.status == 200
+        after = await draft_counters(session, port)
+    tokens = delta(after, before, "spec_decode_num_draft_tokens_total")
+    steps = delta(after, before, "spec_decode_num_drafts_total")
+    assert 0 < tokens == steps  # depth 1: one draft token per step, not max's 3
+    status, routing = one_process.get_json("/admin/routing", admin_key=ADMIN_KEY)
+    assert status == 200
+    classes = {row["request_class"] for row in routing["learned"]}
+    assert classes and not any(c.startswith("4k-16k/") for c in classes), classes
+
+
+async def test_unpinned_requests_get_the_depth_of_their_class(
+    fresh_one_process: ProxyProcess,
+) -> None:
+    one_process = fresh_one_process
+    long_code = "def handler(request):\n    return compute(request.body)\n" * 2500  # ~40k tok
+    async with aiohttp.ClientSession() as session:
+        short, _ = await send(session, one_process, "chat", f"{SHORT} unpinned")
+        assert (short.headers["X-MTP-Profile"], short.headers["X-MTP-Route-Reason"]) == (
+            "max",
+            "rule",
+        )
+        code, _ = await send(session, one_process, "chat", long_code, max_tokens=8)
+        assert code.headers["X-MTP-Profile"] == "min"
+        assert code.headers["X-MTP-Backend"] == BACKEND
+
+
+async def test_a_killed_process_makes_requests_wait_not_fail(tmp_path: Path) -> None:
+    model = simulator_model(draft_control="per-request", slots=4, time_scale=5.0)
+    supervisor = {"backoff_initial_s": 0.3, "health_interval_s": 0.2}
+    config = proxy_config([model], routing=NO_EXPLORE, supervisor=supervisor)
+    with running_proxy(config, tmp_path) as proxy:
+        wait_all_ready(proxy, {MODEL: 1})
+        pid = backend_row(proxy)["pid"]
+        async with aiohttp.ClientSession() as session:
+
+            async def one(n: int) -> int:
+                await asyncio.sleep(0.05 * n)
+                async with session.post(
+                    proxy.url + "/v1/chat/completions", json=body("chat", f"{SHORT} {n}", 32)
+                ) as response:
+                    await response.read()
+                    return response.status
+
+            requests = [asyncio.create_task(one(n)) for n in range(12)]
+            await asyncio.sleep(0.2)  # some in flight, more arriving
+            os.kill(pid, signal.SIGKILL)
+            statuses = await asyncio.wait_for(asyncio.gather(*requests), 60)
+        assert statuses == [200] * 12
+        row = backend_row(proxy)
+        assert row["pid"] != pid and row["restarts"] >= 1
