@@ -177,12 +177,20 @@ def flush(proxy: ProxyProcess) -> None:
     time.sleep(0.1)  # the log line reaches the file
 
 
-def assert_served(run: Run, *, at_least: int = 1) -> list[dict[str, Any]]:
-    """The client exited 0 and every generation request it made was answered 200."""
+def assert_served(run: Run, *, background_abandoned: bool = False) -> list[dict[str, Any]]:
+    """The client exited 0 and every generation request it made was answered 200.
+
+    `background_abandoned`: the client may hang up on a background request when it exits
+    (opencode drops its session-title request once the answer is done): such a request is
+    logged 499, as it should be, and is not counted; the others must still be 200s.
+    """
     assert run.result.returncode == 0, run.describe()
-    generation = [x for x in run.lines if x["api"] is not None]
-    assert len(generation) >= at_least, run.describe()
-    assert all(x["status"] == 200 for x in run.lines), run.describe()
+    lines = run.lines
+    if background_abandoned:
+        lines = [x for x in lines if not (x["status"] == 499 and x["api"] is not None)]
+    generation = [x for x in lines if x["api"] is not None]
+    assert generation, run.describe()
+    assert all(x["status"] == 200 for x in lines), run.describe()
     return generation
 
 
@@ -289,7 +297,7 @@ def test_opencode_run(target: Target, tmp_path: Path, provider: str) -> None:
         "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
     }
     run = run_client(target, [opencode, "run", "say hi"], tmp_path, env)
-    generation = assert_served(run)
+    generation = assert_served(run, background_abandoned=True)
     assert {x["path"] for x in generation} == {path}, run.describe()
     assert "Error" not in run.result.stderr, run.describe()
 
