@@ -1,40 +1,79 @@
 """Routing benchmark: replay one trace under several routing policies, side by side.
 
-    python -m bench.routing [--trace FILE] [--preset setup-a,setup-b] [--time-scale F]
-                            [--repeat N] [--json] [--plot FILE.png] [--relearn]
+    pip install -e '.[routing]'        # the base install plus tomli-w (writes the proxies' config)
+    python -m bench.routing [--topology one-copy|pool] [--trace default|concurrent|FILE]
+                            [--preset setup-a,setup-b] [--time-scale F] [--repeat N]
+                            [--policies P,...] [--json] [--plot FILE.png] [--relearn]
 
-For each preset and policy a fresh proxy starts with a fresh simulated pool (cold caches, nothing
-learned: -np 4 per backend) and the same trace is replayed with the same arrival schedule and
-the same seeds (simulator and proxy):
+For each preset and policy a fresh proxy starts with fresh simulated backends (cold caches,
+nothing learned, -np 4 each) and the same trace is replayed with the same arrival schedule and
+the same seeds (simulator and proxy). Topologies (bench/routing_topology.py):
 
-- ``static:<p>``: every request pinned to profile p (X-MTP-Profile). By default the pool runs
-  three replicas of p: the same hardware as the off/min/max pool of the other policies, so the
-  comparison is about draft settings, not about having three backends instead of one
-  (``--static-pool shared`` pins within the off/min/max pool: one third of the hardware);
-- ``rules``: the proxy's policy with ``routing.learning = false``: cold rules only;
+- ``one-copy`` (default): one process, one copy of the weights, started at depth 3; the
+  profiles off / min / max are per-request depths 0 / 2 / 3 on it. Every row but ``pool`` runs
+  on that same hardware.
+- ``pool``: one process per profile (three copies of the weights).
+
+Policies:
+
+- ``static:<p>``: every request pinned to profile p (X-MTP-Profile): on one-copy, depth 0, 2 or
+  3 on the one process; on a pool, three replicas of p (the same hardware as the off/min/max pool
+  of the other policies; ``--static-pool shared`` pins within that pool instead);
+- ``rules``: the proxy's policy with ``routing.learning = false``: cold rules only (not run
+  unless listed);
 - ``adaptive``: the proxy's default policy;
-- ``oracle``: each request pinned to the profile whose backend the simulator predicts fastest
-  for it (POST /sim/predict on every backend: its caches and load), skipping backends whose
-  slots its own requests fill. It is greedy: it never gives up one request's speed for a later
-  one's (it does not place an agent session for what it will become, nor spare other sessions'
-  caches), so a policy can beat it.
+- ``hindsight``: the best setting in hindsight per request class and load level
+  (bench/routing_reference.py): built from the three static runs (run whether listed or not),
+  then replayed with each request pinned to its cell's winner. It estimates the best a policy
+  deciding from class and load alone can reach, up to the interactions between cells (a cell's
+  choice changes the load and queueing others see) and run noise; it does not bound a policy
+  that uses finer information (a session's own acceptance, what arrives next) or mixes settings
+  within a cell.
+  On one process the cells also interact through the shared step: a request at another depth
+  makes every decoding request pay the mixed-depth pass, so a cell that leaves the best static
+  setting can cost the others more than it gains. Not run on a pool unless asked for, and there
+  only with ``--static-pool shared``: with replicas its static runs had three backends of one
+  profile and the replay would put most requests on one backend of the off/min/max pool (on
+  the default trace that replay reached 0.32-0.53x the best static);
+- ``greedy``: each request pinned to the setting the simulator predicts fastest for it against
+  the same cache and load state at its send (POST /sim/predict with each depth, or on each
+  backend). It never gives up one request's speed for others' (it cannot see the requests
+  beside it slow down), so a policy can beat it: a counterfactual per request, not a bound;
+- ``pool`` (one-copy only): the adaptive policy on today's three-process pool, at three times
+  the VRAM, as a reference row.
+
+The **oracle** (the reference the ratios use) is the best of the rows that are assignments a
+router could have made with hindsight or foresight: hindsight, greedy and each static setting (a
+static setting is one assignment of settings to classes and load levels, so the reference is
+never below the best static); ``ratios.oracle`` names the row. It is a reference, not a proven
+upper bound: see what hindsight and greedy do not cover above. Ratios (``--json``: per preset
+``ratios``): ``adaptive_vs_oracle``, ``adaptive_vs_best_static`` (the best static row of the
+topology: on one-copy, the best depth on the one process), ``gain_captured`` (adaptive's share of
+the oracle's gain over the best static) and ``meets_targets`` (adaptive >= 0.97 x oracle, and
+>= 80 % of the oracle's gain where that gain is >= 3 %: issue 11). Per preset
+``reference.cells`` lists every class and load level: each static's goodput there, hindsight's
+pick, and adaptive's goodput and choices, which shows where adaptive loses.
 
 Goodput is output tokens per second the clients waited (see bench/routing_report.py); latencies
 are in simulated seconds (wall x time scale). The proxies run with ``routing.clock_scale`` =
 the time scale, so speeds they measure with their own clock are in simulated seconds too.
 The default time scale (20) replays the default trace (~800 simulated seconds) in ~40 s per
-policy: both presets, six policies, about 9 minutes on 2 cores. Wall-clock noise (other
-processes on the machine) enters the latencies multiplied by the time scale, and it decides
-races (which request reaches a backend first) that then change the routing: at 40 (4.5 minutes)
-two runs on a shared 2-core machine differed by up to 10 % in goodput, at 20 by under 0.1 %.
+policy. Wall-clock noise (other processes on the machine) enters the latencies multiplied by
+the time scale, and it decides races (which request reaches a backend first) that then change
+the routing: at 40 two runs on a shared 2-core machine differed by up to 10 % in goodput, at 20
+by under 0.1 % on a quiet machine; with four benchmarks at once, three runs of the concurrent
+trace (one-copy, setup-b) differed by under 1 % for adaptive and hindsight and by 4 % for depth
+0 and greedy. ``--repeat N`` prints the largest difference between runs, per ratio and per
+policy.
 
 ``--relearn`` replays the "shift" trace (short chats whose content turns from prose to code
 half-way) on a pool whose max profile drafts badly on code (``--acceptance-scale code=0.25``)
 and reports, per policy, where the code requests went, ten by ten.
 
-The default trace is bench/traces/default.jsonl: bench.trace_gen's output for its default seed,
-shipped (~5 MB) so that every checkout replays the very same requests, and regenerated from the
-seed when absent. Bigger workloads are generated at will (``python -m bench.trace_gen``).
+Traces: ``default`` is bench/traces/default.jsonl, bench.trace_gen's output for its default
+seed, shipped (~5 MB) so that every checkout replays the very same requests, and regenerated
+from the seed when absent. ``concurrent`` (agents fanning out into sub-agents beside chats) is
+generated from its seed on the fly. Bigger workloads: ``python -m bench.trace_gen``.
 """
 
 from __future__ import annotations
@@ -46,79 +85,41 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from bench import trace_gen
 from bench.processes import ProxyProcess, start_proxy
+from bench.routing_reference import (
+    GreedyPin,
+    Hindsight,
+    HindsightPin,
+    cells_report,
+    cells_table,
+    hindsight,
+)
 from bench.routing_replay import Pinner, Replayer
-from bench.routing_report import STATIC_PREFIX, PolicyRun, plot, ratios, table
-from bench.routing_trace import API_OF_PATH, TraceRequest, read_trace, write_trace
+from bench.routing_report import PolicyRun, plot, ratios, table
+from bench.routing_topology import (
+    ADMIN_KEY,
+    POOL_ROW,
+    PROFILES,
+    STATIC_PREFIX,
+    TOPOLOGIES,
+    BenchConfig,
+    greedy_choices,
+    proxy_config,
+)
+from bench.routing_trace import TraceRequest, read_trace, write_trace
 
-MODEL = "mtp-demo"
-ADMIN_KEY = "bench-routing-admin"
-PROFILES: dict[str, dict[str, Any]] = {
-    "off": {"name": "off"},
-    "min": {"name": "min", "spec_type": "draft-mtp", "draft_n_max": 2, "draft_n_min": 1},
-    "max": {"name": "max", "spec_type": "draft-mtp", "draft_n_max": 3},
+STATICS = tuple(STATIC_PREFIX + p for p in PROFILES)
+POLICIES = {
+    "one-copy": (*STATICS, "adaptive", "hindsight", "greedy", POOL_ROW),
+    "pool": (*STATICS, "adaptive", "greedy"),  # hindsight: with --static-pool shared only
 }
-POLICIES = ("static:off", "static:min", "static:max", "rules", "adaptive", "oracle")
-RELEARN_POLICIES = ("static:max", "rules", "adaptive", "oracle")
+RELEARN_POLICIES = ("static:max", "rules", "adaptive", "greedy")
 RELEARN_COLLAPSE = "code=0.25"  # --acceptance-scale of the max profile in the re-learn run
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    preset: str
-    time_scale: float
-    slots: int = 4
-    seed: int = 1
-    static_pool: str = "replicas"
-    profile_args: dict[str, list[str]] = field(default_factory=dict)
-    routing: dict[str, Any] = field(default_factory=dict)  # extra [routing] settings
-
-
-def proxy_config(policy: str, cfg: BenchConfig) -> dict[str, Any]:
-    """The proxy's configuration for one policy run."""
-    sim_args = ["--preset", cfg.preset, "--time-scale", f"{cfg.time_scale:g}", "-np"]
-    sim_args += [str(cfg.slots), "--seed", str(cfg.seed), "-c", "262144"]
-    names = list(PROFILES)
-    replicas = 1
-    if policy.startswith(STATIC_PREFIX) and cfg.static_pool == "replicas":
-        names, replicas = [policy.removeprefix(STATIC_PREFIX)], len(PROFILES)
-    profiles = []
-    for name in names:
-        profile = {**PROFILES[name], "replicas": replicas}
-        if cfg.profile_args.get(name):
-            profile["args"] = list(cfg.profile_args[name])
-        profiles.append(profile)
-    routing: dict[str, Any] = {"seed": cfg.seed, "clock_scale": cfg.time_scale, **cfg.routing}
-    if policy == "rules":
-        routing["learning"] = False
-    return {
-        "server": {
-            "host": "127.0.0.1",
-            "port": 0,
-            "admin_key": ADMIN_KEY,
-            "first_byte_timeout_s": 3600.0,
-            "idle_timeout_s": 3600.0,
-        },
-        "log": {"level": "info", "format": "json"},
-        "supervisor": {"stagger_s": 0.0, "health_interval_s": 1.0},
-        "routing": routing,
-        "models": [
-            {
-                "name": MODEL,
-                "backend": "simulator",
-                "draft_control": "per-process",  # the pool: one process per profile
-                "args": sim_args,
-                "profiles": profiles,
-            }
-        ],
-    }
 
 
 def wait_ready(proxy: ProxyProcess, timeout: float = 60.0) -> list[dict[str, Any]]:
@@ -138,66 +139,32 @@ class StaticPin:
     def __init__(self, profile: str) -> None:
         self.headers = {"X-MTP-Profile": profile}
 
-    async def pin(self, r: TraceRequest) -> dict[str, str]:
+    async def pin(self, r: TraceRequest, load: int) -> dict[str, str]:
         return self.headers
 
     def done(self, r: TraceRequest) -> None:
         pass
 
 
-class Oracle:
-    """Pins each request to the profile the simulator predicts fastest for it (cache and load).
-
-    A backend whose slots are all taken by the oracle's own requests is skipped (llama-server
-    would queue the request, which /sim/predict does not count) unless every one is full.
-    """
-
-    def __init__(self, backends: dict[str, str], slots: int) -> None:
-        self.backends = backends  # profile -> simulator URL
-        self.slots = slots
-        self.in_flight = dict.fromkeys(backends, 0)
-        self._pinned: dict[int, str] = {}
-        self._http: aiohttp.ClientSession | None = None
-
-    async def pin(self, r: TraceRequest) -> dict[str, str]:
-        if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120))
-        data = json.dumps({**r.body, "api": API_OF_PATH[r.path]}).encode()
-        headers = {"Content-Type": "application/json"}
-
-        async def predict(url: str) -> float:
-            assert self._http is not None
-            async with self._http.post(url + "/sim/predict", data=data, headers=headers) as resp:
-                resp.raise_for_status()
-                return float((await resp.json())["total_s"])
-
-        open_ = [p for p in self.backends if self.in_flight[p] < self.slots]
-        profiles = open_ or list(self.backends)
-        totals = await asyncio.gather(*(predict(self.backends[p]) for p in profiles))
-        best = profiles[min(range(len(profiles)), key=lambda i: (totals[i], i))]
-        self.in_flight[best] += 1
-        self._pinned[r.index] = best
-        return {"X-MTP-Profile": best}
-
-    def done(self, r: TraceRequest) -> None:
-        profile = self._pinned.pop(r.index, None)
-        if profile is not None:
-            self.in_flight[profile] -= 1
-
-    async def close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-
-
 def _pinner(
-    policy: str, rows: list[dict[str, Any]], slots: int
-) -> tuple[Pinner | None, Oracle | None]:
+    policy: str, rows: list[dict[str, Any]], cfg: BenchConfig, reference: Reference | None
+) -> tuple[Pinner | None, GreedyPin | None]:
     if policy.startswith(STATIC_PREFIX):
         return StaticPin(policy.removeprefix(STATIC_PREFIX)), None
-    if policy == "oracle":
-        oracle = Oracle({str(r["profile"]): str(r["url"]) for r in rows}, slots)
-        return oracle, oracle
+    if policy == "hindsight":
+        if reference is None:
+            raise ValueError("the hindsight reference needs the static runs first")
+        return HindsightPin(reference.hindsight, reference.classes), None
+    if policy == "greedy":
+        greedy = GreedyPin(greedy_choices(rows, cfg.topology), cfg.slots)
+        return greedy, greedy
     return None, None
+
+
+@dataclass(frozen=True)
+class Reference:
+    hindsight: Hindsight
+    classes: dict[int, str]
 
 
 def run_policy(
@@ -206,11 +173,12 @@ def run_policy(
     cfg: BenchConfig,
     workdir: Path,
     progress: bool,
+    reference: Reference | None = None,
 ) -> PolicyRun:
     proxy = start_proxy(proxy_config(policy, cfg), workdir / policy.replace(":", "-"))
     try:
         rows = wait_ready(proxy)
-        pinner, oracle = _pinner(policy, rows, cfg.slots)
+        pinner, oracle = _pinner(policy, rows, cfg, reference)
         replayer = Replayer(proxy.url, cfg.time_scale, pinner)
         label = f"{cfg.preset} {policy}"
 
@@ -229,10 +197,23 @@ def run_policy(
         wall = asyncio.run(replay())
         if progress:
             print(file=sys.stderr)
-        classes = _classes(proxy)
+        classes = _classes_of(proxy, len(replayer.outcomes) + len(replayer.errors))
     finally:
         proxy.stop()
     return PolicyRun(policy, cfg.time_scale, replayer.outcomes, replayer.errors, wall, classes)
+
+
+def _classes_of(proxy: ProxyProcess, sent: int, timeout: float = 5.0) -> dict[int, str]:
+    """The classes of all ``sent`` requests from the proxy's log. A request's line is written
+    after its answer has gone out (deferred bookkeeping, flushed by GET /admin/routing), which
+    can be a moment after the client read its last byte: poll until every one is there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
+        classes = _classes(proxy)
+        if len(classes) >= sent or time.monotonic() > deadline:
+            return classes
+        time.sleep(0.05)
 
 
 def _classes(proxy: ProxyProcess) -> dict[int, str]:
@@ -249,9 +230,27 @@ def _classes(proxy: ProxyProcess) -> dict[int, str]:
 
 def run_preset(
     trace: list[TraceRequest], cfg: BenchConfig, policies: Sequence[str], progress: bool
-) -> dict[str, PolicyRun]:
+) -> tuple[dict[str, PolicyRun], Reference | None]:
+    """Every policy on a fresh proxy; the static ones first, since the hindsight reference is
+    built from them (all three run when it is asked for, listed or not: all are shown)."""
+    statics = [p for p in policies if p.startswith(STATIC_PREFIX)]
+    if "hindsight" in policies:
+        statics = [STATIC_PREFIX + p for p in PROFILES]
+    others = [p for p in policies if not p.startswith(STATIC_PREFIX)]
+    runs: dict[str, PolicyRun] = {}
+    reference: Reference | None = None
     with tempfile.TemporaryDirectory(prefix="bench-routing-") as tmp:
-        return {p: run_policy(p, trace, cfg, Path(tmp), progress) for p in policies}
+        for policy in statics:
+            runs[policy] = run_policy(policy, trace, cfg, Path(tmp), progress)
+        if "hindsight" in policies:
+            classes: dict[int, str] = {}
+            for run in runs.values():
+                classes = {**run.classes, **classes}
+            static_runs = {p.removeprefix(STATIC_PREFIX): runs[p] for p in statics}
+            reference = Reference(hindsight(static_runs, classes), classes)
+        for policy in others:
+            runs[policy] = run_policy(policy, trace, cfg, Path(tmp), progress, reference)
+    return {p: runs[p] for p in [*statics, *others]}, reference
 
 
 def load_default_trace() -> list[TraceRequest]:
@@ -259,6 +258,15 @@ def load_default_trace() -> list[TraceRequest]:
     if not path.exists():
         write_trace(path, trace_gen.default_trace())
     return read_trace(path)
+
+
+def load_trace(name: str) -> list[TraceRequest]:
+    """A generated trace by name (default, concurrent) or a JSON Lines file."""
+    if name == "default":
+        return load_default_trace()
+    if name == "concurrent":
+        return trace_gen.concurrent_trace()
+    return read_trace(Path(name))
 
 
 # --- re-learn ---------------------------------------------------------------------------------
@@ -316,12 +324,15 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--trace", type=Path, default=None, help="JSON Lines trace (default: bundled)")
+    p.add_argument(
+        "--trace", default="default", help="default | concurrent | a JSON Lines file (FILE)"
+    )
+    p.add_argument("--topology", choices=sorted(TOPOLOGIES), default="one-copy")
     p.add_argument("--preset", default="setup-a,setup-b", help="comma-separated presets")
     p.add_argument("--time-scale", type=float, default=20.0, help="simulated s per wall s")
     p.add_argument("--slots", type=int, default=4, help="-np of every simulated backend")
     p.add_argument("--seed", type=int, default=1, help="simulator and proxy seed")
-    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies")
+    p.add_argument("--policies", default=None, help="comma-separated (default: the topology's)")
     p.add_argument("--static-pool", choices=("replicas", "shared"), default="replicas")
     p.add_argument("--repeat", type=int, default=1, help="run everything N times (repeatability)")
     p.add_argument(
@@ -340,44 +351,70 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     presets = [p for p in args.preset.split(",") if p]
-    policies = [p for p in args.policies.split(",") if p]
+    listed = args.policies or ",".join(POLICIES[args.topology])
+    policies = [p for p in listed.split(",") if p]
     progress = not args.json
     routing = dict(_setting(item) for item in args.routing)
     extra: dict[str, list[str]] = {}
+    topology = args.topology
+    if "hindsight" in policies and topology == "pool" and args.static_pool != "shared":
+        _parser().error("hindsight on a pool needs --static-pool shared (the same hardware)")
     if args.relearn:
         trace = trace_gen.shift_trace()
         policies = [p for p in policies if p in RELEARN_POLICIES] or list(RELEARN_POLICIES)
         extra = {"max": ["--acceptance-scale", RELEARN_COLLAPSE]}
+        topology = "pool"  # the collapse is one profile's process: only a pool has one
     else:
-        trace = read_trace(args.trace) if args.trace else load_default_trace()
-    result: dict[str, Any] = {"trace": str(args.trace or "default"), "requests": len(trace)}
+        trace = load_trace(args.trace)
+    result: dict[str, Any] = {
+        "trace": "shift" if args.relearn else args.trace,
+        "topology": topology,
+        "requests": len(trace),
+    }
     last: dict[str, dict[str, PolicyRun]] = {}
     for repeat in range(args.repeat):
         run_out: dict[str, Any] = {}
         for preset in presets:
             cfg = BenchConfig(
-                preset, args.time_scale, args.slots, args.seed, args.static_pool, extra, routing
+                preset,
+                args.time_scale,
+                topology,
+                args.slots,
+                args.seed,
+                args.static_pool,
+                extra,
+                routing,
             )
-            runs = run_preset(trace, cfg, policies, progress)
+            runs, reference = run_preset(trace, cfg, policies, progress)
             last[preset] = runs
             summaries = {name: run.summary() for name, run in runs.items()}
             entry: dict[str, Any] = {"policies": summaries, "ratios": ratios(summaries)}
+            if reference is not None:
+                entry["reference"] = {
+                    "fallback": reference.hindsight.fallback,
+                    "cells": cells_report(reference.hindsight, runs, reference.classes),
+                }
             if args.relearn:
                 entry["relearn"] = relearn_report(trace, runs)
             run_out[preset] = entry
             if not args.json:
-                print(f"\nrun {repeat + 1}: " + table(preset, summaries, entry["ratios"]))
+                title = f"{preset}, {topology}, trace {result['trace']}"
+                print(f"\nrun {repeat + 1}: " + table(title, summaries, entry["ratios"]))
+                if reference is not None:
+                    print(cells_table(entry["reference"]["cells"]))
                 if args.relearn:
                     print(relearn_table(entry["relearn"]))
         result.setdefault("runs", []).append(run_out)
     result["time_scale"] = args.time_scale
     result["repeatability"] = _repeatability(result["runs"])
+    result["repeatability_goodput"] = _goodput_spread(result["runs"])
     if args.plot is not None:
         plot(args.plot, last)
     if args.json:
         print(json.dumps(result, indent=1))
     elif args.repeat > 1:
         print(f"\nlargest ratio difference between runs: {result['repeatability']}")
+        print(f"largest goodput difference between runs: {result['repeatability_goodput']}")
     return 0
 
 
@@ -402,6 +439,18 @@ def _repeatability(runs: list[dict[str, Any]]) -> dict[str, float]:
                 if isinstance(value, float):
                     worst = max(worst, abs(value / first - 1.0))
         out[preset] = round(worst, 4)
+    return out
+
+
+def _goodput_spread(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per preset and policy, the largest relative goodput difference between repeated runs."""
+    out: dict[str, dict[str, float]] = {}
+    for preset, entry in runs[0].items():
+        out[preset] = {}
+        for policy in entry["policies"]:
+            values = [r[preset]["policies"][policy]["goodput_tok_s"] for r in runs]
+            low, high = min(values), max(values)
+            out[preset][policy] = round(high / low - 1.0, 4) if low > 0 else 0.0
     return out
 
 

@@ -2,8 +2,12 @@
 
 Each session's turns go in order, each no earlier than its ``at`` (trace seconds / time scale)
 and after the previous turn finished; one-shot requests go at their ``at``. A ``Pinner`` may
-add headers per request (the static and oracle policies pin a profile with X-MTP-Profile); its
-own time (the oracle's predictions) is not counted in the request's latency.
+add headers per request (the static and reference policies pin a profile with X-MTP-Profile);
+its own time (the predictions of the greedy one) is not counted in the request's latency.
+
+Every request's *load* is counted at its send: the requests this client has outstanding at that
+moment, itself included. With one backend (one copy of the weights) that is what is decoding or
+queued there; with a pool, what the whole model has in flight.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ Progress = Callable[[int, int], None]
 class Pinner(Protocol):
     """Adds headers to a request before it is sent (its time is not the request's)."""
 
-    async def pin(self, r: TraceRequest) -> dict[str, str]: ...
+    async def pin(self, r: TraceRequest, load: int) -> dict[str, str]:
+        """Headers for ``r``; ``load``: requests outstanding at its send, itself included."""
 
     def done(self, r: TraceRequest) -> None:
         """The request has been answered (or failed)."""
@@ -49,6 +54,7 @@ class Outcome:
     profile: str
     reason: str
     backend: str
+    load: int  # requests outstanding at its send, itself included
 
 
 @dataclass
@@ -113,6 +119,7 @@ class Replayer:
         self.outcomes: list[Outcome] = []
         self.errors: list[str] = []
         self._start = 0.0
+        self._in_flight = 0
 
     async def run(self, trace: list[TraceRequest], progress: Progress | None = None) -> float:
         """Replay the whole trace; returns the wall seconds it took."""
@@ -141,16 +148,24 @@ class Replayer:
         if delay > 0:
             await asyncio.sleep(delay)
         headers = {"X-Request-Id": f"{r.index:08x}", "Content-Type": "application/json"}
-        if self.pinner is not None:
-            headers.update(await self.pinner.pin(r))
+        self._in_flight += 1
+        load = self._in_flight
         try:
-            await self._post(http, r, payload, headers)
+            if self.pinner is not None:
+                headers.update(await self.pinner.pin(r, load))
+            await self._post(http, r, payload, headers, load)
         finally:
+            self._in_flight -= 1
             if self.pinner is not None:
                 self.pinner.done(r)
 
     async def _post(
-        self, http: aiohttp.ClientSession, r: TraceRequest, payload: bytes, headers: dict[str, str]
+        self,
+        http: aiohttp.ClientSession,
+        r: TraceRequest,
+        payload: bytes,
+        headers: dict[str, str],
+        load: int,
     ) -> None:
         sent = time.perf_counter()
         first: float | None = None
@@ -170,7 +185,7 @@ class Replayer:
                 usage = _read_sse(raw) if stream else _Usage()
                 if not stream:
                     usage.read(json.loads(raw))
-                self.outcomes.append(self._outcome(r, resp.headers, sent, done, first, usage))
+                self.outcomes.append(self._outcome(r, resp.headers, sent, done, first, usage, load))
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             self.errors.append(f"#{r.index} {type(exc).__name__}: {exc}")
 
@@ -182,6 +197,7 @@ class Replayer:
         done: float,
         first: float | None,
         usage: _Usage,
+        load: int,
     ) -> Outcome:
         timings = usage.timings or {}
         return Outcome(
@@ -199,4 +215,5 @@ class Replayer:
             profile=headers.get("X-MTP-Profile", "?"),
             reason=headers.get("X-MTP-Route-Reason", "?"),
             backend=headers.get("X-MTP-Backend", "?"),
+            load=load,
         )

@@ -214,6 +214,12 @@ def backend_slots(
     }
 
 
+def backend_specs_of(model: ModelSettings, profile: ProfileSettings) -> list[BackendSpec]:
+    """The backends of one profile as processes of its own (the pool's), one per replica."""
+    alone = model.model_copy(update={"profiles": [profile], "draft_control": "per-process"})
+    return model_specs(alone, ModelPlan(model.name, "pool", "one profile"))
+
+
 def model_specs(model: ModelSettings, plan: ModelPlan) -> list[BackendSpec]:
     return [
         BackendSpec(

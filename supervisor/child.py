@@ -230,7 +230,12 @@ class Child:
         )
         self._draft_control, self._draft_control_reason = found.control, found.reason
         log = self._log.warning if found.failed else self._log.info
-        log("backend_probed", draft_control=found.control, reason=found.reason, s=found.seconds)
+        log(
+            "backend_probed",
+            draft_control=found.control,
+            reason=found.reason,
+            seconds=found.seconds,
+        )
 
     def _begin(self, reason: str) -> None:
         self._spawned.clear()

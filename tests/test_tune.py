@@ -160,17 +160,25 @@ def _first_decision(proxy_url: str) -> tuple[str, str]:
         return response.headers["X-MTP-Profile"], response.headers["X-MTP-Route-Reason"]
 
 
+@pytest.mark.parametrize("shape", ["per-process", "per-request"])
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_seeded_state_changes_the_first_decision(
-    prose_collapse: Path, tmp_path: Path, warm: bool
+    prose_collapse: Path, tmp_path: Path, warm: bool, shape: str
 ) -> None:
+    """On a pool and on one process serving the profiles as per-request depths: tune measured
+    each request alone, which is the pool's cell and the one process's "alone" load level."""
     found = profiles(prose_collapse)
     assert [p["name"] for p in found] == ["off", "max"]  # n_max 3 still wins on code
     state = tmp_path / "state.json"
     if warm:
         shutil.copy(prose_collapse / "routing-state.json", state)
     model = simulator_model(
-        preset="setup-b", time_scale=200.0, slots=1, profiles=found, extra_args=[*PROSE_COLLAPSE]
+        preset="setup-b",
+        time_scale=200.0,
+        slots=1,
+        profiles=found,
+        extra_args=[*PROSE_COLLAPSE],
+        draft_control=shape,
     )
     routing = {
         "state_file": str(state),
@@ -180,7 +188,7 @@ def test_seeded_state_changes_the_first_decision(
         "clock_scale": 200.0,
     }
     with running_proxy(proxy_config([model], routing=routing), tmp_path / "proxy") as proxy:
-        wait_all_ready(proxy, {"mtp-demo": 2})
+        wait_all_ready(proxy, {"mtp-demo": 2 if shape == "per-process" else 1})
         profile, reason = _first_decision(proxy.url)
     if warm:
         assert (profile, reason.split(" ")[0]) == ("off", "learned"), reason

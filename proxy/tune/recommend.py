@@ -146,7 +146,8 @@ def seed_state(
     """The router's statistics as if it had served the measured requests on the recommended
     profiles. A cell gets at least ``min_samples`` observations (its measured requests, again
     in order where there are fewer): the measurements were made side by side on purpose and
-    deserve the trust that routing otherwise waits for."""
+    deserve the trust that routing otherwise waits for. Busier load levels of a one-process
+    model are not seeded: tune measures requests alone, and the router learns those itself."""
     stats = LearnedStats(routing)
     if table.calibrator is not None:
         stats.calibrator = table.calibrator
@@ -162,5 +163,8 @@ def seed_state(
         n = max(len(ordered), routing.min_samples)
         for i in range(n):
             obs = ordered[i % len(ordered)].observation(cls, profile_name)
-            stats.observe(cls, profile_name, obs, model=model)
+            # Each request was measured alone: the pool's cell (level 0) and, for a model served
+            # by one process with per-request depths, its "alone" load level.
+            for level in (0, routing.concurrency_levels[0]):
+                stats.observe(cls, profile_name, obs, model=model, level=level)
     return stats
