@@ -220,7 +220,7 @@ def _classes(proxy: ProxyProcess) -> dict[int, str]:
     """Request index -> the proxy's request class, from its log lines (X-Request-Id)."""
     out: dict[int, str] = {}
     for line in proxy.log_lines():
-        if line.get("event") == "request" and "request_class" in line:
+        if line.get("event") == "request" and line.get("request_class"):  # generation lines
             try:
                 out[int(str(line.get("request_id")), 16)] = str(line["request_class"])
             except ValueError:

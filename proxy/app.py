@@ -20,7 +20,8 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from proxy import admin, handlers, sdnotify
+from proxy import admin, handlers, passthrough, sdnotify
+from proxy.access_log import access_log_middleware
 from proxy.admission import Admission
 from proxy.collectors import PoolCollector
 from proxy.connections import (
@@ -35,6 +36,7 @@ from proxy.drain import REQUESTS, RequestCount, count_requests, drain
 from proxy.forward import Timeouts
 from proxy.metrics import ProxyMetrics
 from proxy.middlewares import auth_middleware, error_middleware
+from proxy.model_names import ModelCatalog
 from proxy.plan import backend_slots, backend_specs, describe_plan, plans_of
 from proxy.pool import BackendPool
 from proxy.reload import Reloader
@@ -43,7 +45,7 @@ from proxy.routing.router import Router
 from proxy.routing.settings import RoutingSettings
 from proxy.routing.stats import LearnedStats, write_atomic
 from proxy.settings import Settings
-from proxy.state import STATE, ModelCatalog, ProxyState
+from proxy.state import STATE, ProxyState
 from supervisor.backend import Backend
 from supervisor.pool import Supervisor
 from supervisor.states import BackendState
@@ -63,7 +65,7 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
         registry=registry,
         metrics=ProxyMetrics(registry),
         pool=pool,
-        models=ModelCatalog(settings.models),
+        models=ModelCatalog(settings.models, settings.model_names),
         router=Router(settings.routing, pool, _load_stats(settings.routing)),
         admission=Admission(server.max_queue, server.queue_timeout_s),
         timeouts=Timeouts(
@@ -74,7 +76,13 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
     apply_plans(state)
     app = web.Application(
         client_max_size=server.max_body_bytes,
-        middlewares=[track_requests, count_requests, error_middleware, auth_middleware],
+        middlewares=[
+            track_requests,
+            count_requests,
+            access_log_middleware,
+            error_middleware,
+            auth_middleware,
+        ],
     )
     app[STATE] = state
     cap = connection_cap(server.max_connections, server.fd_reserve)
@@ -103,7 +111,9 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", handlers.list_models)
     app.router.add_get("/models", handlers.list_models)
     app.router.add_get("/health", handlers.health)
+    app.router.add_get("/v1/health", handlers.health)  # llama-server's alias; the pool's health
     app.router.add_get("/metrics", handlers.metrics)
+    passthrough.add_routes(app)
     admin.add_routes(app)
 
 

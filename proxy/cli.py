@@ -100,6 +100,10 @@ def _check_config(path: Path) -> int:
         for spec in (s for s in specs if s.model == model.name):
             target = spec.url or " ".join([*spec.argv, "--host", "127.0.0.1", "--port", "<free>"])
             print(f"  {spec.name}: {target}")
+    names = settings.model_names
+    for pattern, target_model in names.patterns.items():
+        print(f"model names matching {pattern!r}: {target_model}")
+    print(f"any other model name: {names.default or 'refused (404)'}")
     memory = run_preflight(settings, plans=plans)
     print("\n".join(render(memory)))
     for warning in memory.warnings:

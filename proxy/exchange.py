@@ -25,7 +25,8 @@ from proxy.forward import (
     upstream_headers,
     upstream_url,
 )
-from proxy.request_log import request_logger
+from proxy.request_log import LOGGED, request_logger
+from proxy.responses_events import ResponsesEventIndexer
 from proxy.routing.features import Api
 from proxy.routing.router import Route
 from proxy.routing.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
@@ -52,8 +53,13 @@ class Exchange:
         self.raw, self.received = raw, received
         self.dialect = "anthropic" if api == "messages" else "openai"
         self.features = state.router.features(api, model, body, request.headers)
+        self.features_model = body.get("model")
         self.sink: StreamTelemetry | None = None
         self.route: Route | None = None
+        self.relayed: Relayed | None = None  # the current attempt's, once its answer started
+        self.sent_at = received
+        self.sequence = 0
+        request[LOGGED] = True  # every way out of an exchange writes the request's line
         self.own_depth = DEPTH_KEY in body  # the client chose its depth: it is not replaced
         self.failed: dict[str, int] = {}  # backend -> generation that failed before answering
 
@@ -167,13 +173,13 @@ class Exchange:
         headers = upstream_headers(
             self.request.headers, forward_auth=state.settings.server.forward_client_auth
         )
-        url = upstream_url(backend.base_url, self.request.path_qs)
+        url = upstream_url(backend.base_url, self.request.raw_path)
         body = self.raw
         if route.depth is not None and not self.own_depth:
             body = with_depth(body, route.depth)
         with state.pool.lease(backend, route.profile):
-            sequence = backend.started_total
-            sent_at = time.perf_counter()
+            self.sequence = sequence = backend.started_total
+            self.sent_at = sent_at = time.perf_counter()
             response = await open_upstream(state.client(), url, body, headers, state.timeouts)
             async with response:
                 out, relayed = await self._relay(response, route)
@@ -204,10 +210,25 @@ class Exchange:
         idle = self.state.timeouts.idle_s
         if is_event_stream(response):
             self.sink = self.state.router.stream_telemetry(self.api)
+            self.relayed = Relayed(status=response.status, streamed=True)
+            indexer = None
+            if self.api == "responses" and self.state.settings.compat.responses_stream_indices:
+                indexer = ResponsesEventIndexer(self._requested_model())
             return await relay_stream(
-                self.request, response, extra, api=self.api, sink=self.sink, idle_s=idle
+                self.request,
+                response,
+                extra,
+                api=self.api,
+                sink=self.sink,
+                idle_s=idle,
+                relayed=self.relayed,
+                rewriter=indexer,
             )
         return await relay_body(response, extra, idle)
+
+    def _requested_model(self) -> str:
+        named = self.features_model
+        return named if isinstance(named, str) and named else self.model
 
     def _record(
         self, route: Route, relayed: Relayed, sent_at: float, done_at: float, sequence: int
@@ -311,7 +332,16 @@ class Exchange:
     def _abandoned(self) -> None:
         """The request still gets its count and log line, with where it went if it got that far."""
         message = "the client disconnected before its answer was complete"
-        route = self.route
+        route, relayed = self.route, self.relayed
+        if route is not None and relayed is not None and relayed.final_relayed:
+            # The final event reached the client before it closed: a complete answer (Codex
+            # closes right after response.completed), logged, counted and learned as one.
+            done_at = relayed.last_chunk_at or time.perf_counter()
+            sent_at, sequence = self.sent_at, self.sequence
+            self.state.bookkeeping.defer(
+                lambda: self._record(route, relayed, sent_at, done_at, sequence)
+            )
+            return
         if route is None:
             self._refused(_CLIENT_CLOSED, message)
             return

@@ -57,6 +57,25 @@ class ChunkSink(Protocol):
     def feed(self, chunk: bytes, now: float | None = None) -> None: ...
 
 
+class ChunkRewriter(Protocol):
+    """Changes a stream's bytes on their way to the client (whole events in, whole events out)."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
+# The event that ends a complete answer, per API, as bytes no JSON string can contain unescaped
+# (a quote or a real newline): once it reached the client, the answer is complete even if the
+# client closes before the stream's own end (Codex does, right after response.completed).
+_FINAL_EVENTS: dict[str, tuple[bytes, ...]] = {
+    "chat": (b"\n\ndata: [DONE]",),
+    "completions": (b"\n\ndata: [DONE]", b'"stop":true'),  # /completion's native last chunk
+    "responses": (b"\nevent: response.completed\n", b'"type":"response.completed"'),
+    "messages": (b"\nevent: message_stop\n", b'"type":"message_stop"'),
+}
+
+
 @dataclass(frozen=True)
 class Timeouts:
     connect_s: float
@@ -83,13 +102,15 @@ class Relayed:
     last_chunk_at: float | None = None
     chunks: int = 0
     upstream_error: str | None = None
+    final_relayed: bool = False  # the API's final event reached the client (see _FINAL_EVENTS)
 
 
 @functools.lru_cache(maxsize=256)
-def upstream_url(base_url: str, path_qs: str) -> yarl.URL:
-    """A backend's URL for a request path, parsed once: aiohttp would parse the string again
-    for every request (~25 us on a cold path). Bounded: odd query strings evict each other."""
-    return yarl.URL(base_url + path_qs)
+def upstream_url(base_url: str, raw_path: str) -> yarl.URL:
+    """A backend's URL for a request's path and query as the client sent them (encoded: a
+    `%2F` in a query stays one), parsed once: aiohttp would parse the string again for every
+    request (~25 us on a cold path). Bounded: odd query strings evict each other."""
+    return yarl.URL(base_url + raw_path, encoded=True)
 
 
 def upstream_headers(client_headers: Mapping[str, str], *, forward_auth: bool) -> CIMultiDict[str]:
@@ -129,11 +150,12 @@ async def open_upstream(
     body: bytes,
     headers: CIMultiDict[str],
     timeouts: Timeouts,
+    method: str = "POST",
 ) -> aiohttp.ClientResponse:
     """Send the request and wait for the response head; raise UpstreamUnavailable if it fails."""
     try:
-        response = await session.post(
-            url, data=body, headers=headers, timeout=timeouts.until_first_byte
+        response = await session.request(
+            method, url, data=body or None, headers=headers, timeout=timeouts.until_first_byte
         )
     except _UPSTREAM_ERRORS as exc:
         raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
@@ -166,12 +188,20 @@ async def relay_stream(
     api: str,
     sink: ChunkSink,
     idle_s: float,
+    relayed: Relayed | None = None,
+    rewriter: ChunkRewriter | None = None,
 ) -> tuple[web.StreamResponse, Relayed]:
-    """Relay an SSE stream chunk by chunk, flushing each one; end with an error event on failure."""
+    """Relay an SSE stream chunk by chunk, flushing each one; end with an error event on failure.
+
+    `relayed` (the caller's, so it can still read it if the client leaves mid-relay) records how
+    it went; `rewriter`, if any, completes the events on their way (proxy.responses_events).
+    """
     out = web.StreamResponse(
         status=response.status, headers=client_headers(response.headers, headers)
     )
-    relayed = Relayed(status=response.status, streamed=True)
+    if relayed is None:
+        relayed = Relayed(status=response.status, streamed=True)
+    final = FinalEventWatch(api)
     _set_read_timeout(response, idle_s)
     await out.prepare(request)
     read = response.content.readany
@@ -183,6 +213,8 @@ async def relay_stream(
             await out.write(stream_error_event(api, "the backend failed mid-stream"))
             break
         if not chunk:
+            if rewriter is not None and (rest := rewriter.flush()):
+                await out.write(rest)
             break
         now = time.perf_counter()
         if relayed.first_chunk_at is None:
@@ -190,9 +222,36 @@ async def relay_stream(
         relayed.last_chunk_at = now
         relayed.chunks += 1
         sink.feed(chunk, now)
+        if rewriter is not None:
+            chunk = rewriter.feed(chunk)
         await out.write(chunk)
+        if not relayed.final_relayed and final.seen_in(chunk):
+            relayed.final_relayed = True
     await out.write_eof()
     return out, relayed
+
+
+class FinalEventWatch:
+    """Whether a stream's final event went by, at one byte search per chunk (plus the seam
+    between two chunks, where a marker may be cut in two)."""
+
+    __slots__ = ("_markers", "_seam", "_tail")
+
+    def __init__(self, api: str) -> None:
+        self._markers = _FINAL_EVENTS.get(api, ())
+        self._seam = max((len(m) for m in self._markers), default=1) - 1
+        self._tail = b""
+
+    def seen_in(self, chunk: bytes) -> bool:
+        for marker in self._markers:
+            if marker in chunk:
+                return True
+        if not self._seam:
+            return False
+        seam = self._tail + chunk[: self._seam]
+        tail = chunk if len(chunk) >= self._seam else self._tail + chunk
+        self._tail = tail[-self._seam :]
+        return any(marker in seam for marker in self._markers)
 
 
 def is_event_stream(response: aiohttp.ClientResponse) -> bool:

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from proxy.body import BodyRefused, read_body
 from proxy.errors import Dialect, error_response
 from proxy.exchange import Exchange
-from proxy.request_log import request_logger
+from proxy.request_log import LOGGED, request_logger
 from proxy.routing.features import Api
 from proxy.state import STATE
 
@@ -30,6 +30,12 @@ API_PATHS: dict[str, Api] = {
     "/v1/completions": "completions",
     "/v1/responses": "responses",
     "/v1/messages": "messages",
+    # llama-server serves these too; routed like their /v1 twins (/completion and /completions
+    # are its native completion API: same prompt, its own answer shape, timings included).
+    "/chat/completions": "chat",
+    "/completions": "completions",
+    "/completion": "completions",
+    "/responses": "responses",
 }
 _TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -100,6 +106,7 @@ def refuse(
     """Answer an error before routing, and still count, time and log the request."""
     elapsed = time.perf_counter() - received
     state = request.app[STATE]
+    request[LOGGED] = True
 
     def record() -> None:
         state.metrics.record_refusal(api, status, elapsed)

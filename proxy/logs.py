@@ -25,6 +25,9 @@ REDACTED = "[redacted]"
 # The canonical request line, in this order: who, where it went, how it ended, what it cost.
 REQUEST_FIELDS = (
     "request_id",
+    "method",
+    "path",
+    "user_agent",
     "model",
     "api",
     "profile",

@@ -10,18 +10,23 @@ from aiohttp import web
 
 from proxy.errors import Dialect, error_response, reshaped_error_body
 from proxy.handlers import API_PATHS, Handler, answer_and_close, refuse
+from proxy.passthrough import FORWARDED_POST
 from proxy.state import STATE
 
 log = structlog.get_logger("proxy")
 
 # Paths any client may reach without a key: probes and scrapes (the listener is loopback by
 # default; put /metrics behind the network, not behind a client key).
-_OPEN_PATHS = frozenset({"/health", "/metrics"})
+_OPEN_PATHS = frozenset({"/health", "/v1/health", "/metrics"})
 _LINGER_BYTES = 64 * 1024  # refused bodies up to this size are read (and dropped) as usual
+# Forwarded answers whose errors get the called API's envelope, like the generation routes'.
+_RESHAPED_PATHS = frozenset(API_PATHS) | frozenset(FORWARDED_POST)
 
 
 def dialect_for_path(path: str) -> Dialect:
-    return "anthropic" if path.rstrip("/").endswith("/messages") else "openai"
+    trimmed = path.rstrip("/")
+    anthropic = trimmed.endswith("/messages") or trimmed.endswith("/messages/count_tokens")
+    return "anthropic" if anthropic else "openai"
 
 
 def presented_key(request: web.Request) -> str | None:
@@ -86,7 +91,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("unhandled_error", path=request.path, method=request.method)
         return error_response(dialect, 500, "internal error in mtp-proxy")
-    if response.status >= 400 and isinstance(response, web.Response) and request.path in API_PATHS:
+    reshape = request.path in _RESHAPED_PATHS
+    if response.status >= 400 and isinstance(response, web.Response) and reshape:
         _reshape_error(response, dialect)  # only relayed backend answers; /health keeps its own
     return response
 

@@ -17,10 +17,11 @@ from pathlib import Path
 import structlog
 
 from proxy import sdnotify
+from proxy.model_names import ModelCatalog
 from proxy.plan import ModelPlan, backend_slots, backend_specs, plans_of
 from proxy.replan import apply_plans
 from proxy.settings import ConfigError, Settings, load_settings
-from proxy.state import ModelCatalog, ProxyState
+from proxy.state import ProxyState
 from supervisor.commandline import LlamaServerNotFoundError
 from supervisor.spec import BackendSpec
 from supervisor.states import BackendState
@@ -132,8 +133,10 @@ def _adopt_models(
 ) -> None:
     """Before the backends change: a new model answers 503 (starting), not 404, while it
     loads; a removed one 404s at once while its requests in flight finish."""
-    state.settings = state.settings.model_copy(update={"models": settings.models})
-    state.models = ModelCatalog(settings.models)
+    state.settings = state.settings.model_copy(
+        update={"models": settings.models, "model_names": settings.model_names}
+    )
+    state.models = ModelCatalog(settings.models, settings.model_names)
     state.plans = plans
     apply_plans(state)
     state.metrics.prime({m.name: [p.name for p in m.profiles] for m in settings.models})

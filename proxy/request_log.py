@@ -10,11 +10,22 @@ from proxy.routing.features import Api
 from proxy.state import STATE
 
 _REQUEST_ID_CHARS = frozenset("0123456789abcdefABCDEF-")
+_MAX_LOGGED_CHARS = 512  # of a path or user agent: a hostile client's 8 KiB line stays out
+
+LOGGED = "mtp_proxy.logged"
+"""Request key: a handler that writes the request's canonical line itself sets it, and the
+access-log middleware (proxy.access_log) then writes none."""
 
 
-def request_logger(request: web.Request, api: Api) -> FilteringBoundLogger:
+def request_logger(request: web.Request, api: Api | None) -> FilteringBoundLogger:
     base = request.app[STATE].request_log
-    return base.bind(request_id=request_id(request), api=api)
+    return base.bind(
+        request_id=request_id(request),
+        method=request.method,
+        path=request.path_qs[:_MAX_LOGGED_CHARS],
+        user_agent=request.headers.get("User-Agent", "")[:_MAX_LOGGED_CHARS] or None,
+        api=api,
+    )
 
 
 def request_id(request: web.Request) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from proxy.model_names import ModelNameSettings
 from proxy.routing.settings import RoutingSettings
 from supervisor.settings import SupervisorSettings
 from supervisor.spec import DraftSpec
@@ -230,6 +231,16 @@ class LogSettings(BaseModel):
     format: Literal["auto", "json", "console"] = "auto"
 
 
+class CompatSettings(BaseModel):
+    """What the proxy adds to llama-server's answers so that strict clients accept them."""
+
+    model_config = {"extra": "forbid"}
+
+    # sequence_number / output_index / content_index on /v1/responses stream events (the openai
+    # SDK's responses.stream() and the AI SDK need them; llama-server omits them).
+    responses_stream_indices: bool = True
+
+
 class Settings(BaseSettings):
     """The whole configuration. Environment variables (MTP_PROXY_*) beat the file."""
 
@@ -242,6 +253,8 @@ class Settings(BaseSettings):
     supervisor: SupervisorSettings = SupervisorSettings()
     routing: RoutingSettings = RoutingSettings()
     models: list[ModelSettings] = Field(min_length=1)
+    model_names: ModelNameSettings = ModelNameSettings()
+    compat: CompatSettings = CompatSettings()
 
     @classmethod
     def settings_customise_sources(
@@ -263,6 +276,14 @@ class Settings(BaseSettings):
         if duplicates:
             raise ValueError(f"model names/aliases used twice: {', '.join(duplicates)}")
         return models
+
+    @model_validator(mode="after")
+    def _model_names_known(self) -> Settings:
+        known = {m.name for m in self.models}
+        unknown = sorted({t for t in self.model_names.targets() if t not in known})
+        if unknown:
+            raise ValueError(f"model_names points at unknown models: {', '.join(unknown)}")
+        return self
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:

@@ -18,32 +18,13 @@ from proxy.admission import Admission
 from proxy.bookkeeping import Bookkeeping
 from proxy.forward import Timeouts
 from proxy.metrics import ProxyMetrics
+from proxy.model_names import ModelCatalog
 from proxy.plan import ModelPlan
 from proxy.pool import BackendPool
 from proxy.routing.router import Router
 from proxy.routing.spec_counters import SpecCounterTracker
-from proxy.settings import ModelSettings, Settings
+from proxy.settings import Settings
 from supervisor.pool import Supervisor
-
-
-class ModelCatalog:
-    """Model names and aliases as clients send them, mapped to the configured model."""
-
-    def __init__(self, models: list[ModelSettings]) -> None:
-        self._primary = [m.name for m in models]
-        self._by_name = {name: m.name for m in models for name in m.names()}
-
-    def resolve(self, requested: object) -> str | None:
-        # A single-model proxy serves requests that name no model, as llama-server does.
-        if requested is None and len(self._primary) == 1:
-            return self._primary[0]
-        return self._by_name.get(requested) if isinstance(requested, str) else None
-
-    def primary_names(self) -> list[str]:
-        return list(self._primary)
-
-    def all_names(self) -> list[str]:
-        return list(self._by_name)
 
 
 class RequestIds:

@@ -15,6 +15,9 @@ CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" LLAMA_CPP_BUILD_
 MTP_PATCHED_LLAMA_SERVER=$(PYTHON=.venv/bin/python bash scripts/build-llama-server.sh | tail -n 1)
 export MTP_PATCHED_LLAMA_SERVER
 bash scripts/install-tools.sh
+# The real agent CLIs of the `clients` tests (npm and PyPI, pinned in scripts/clients.lock; a
+# few minutes the first time, nothing once installed).
+bash scripts/install-clients.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

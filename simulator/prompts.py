@@ -129,50 +129,123 @@ def completion_prompt(body: dict[str, Any]) -> Prompt:
 
 
 def messages_prompt(body: dict[str, Any]) -> Prompt:
-    """Anthropic /v1/messages."""
+    """Anthropic /v1/messages, as llama-server converts it: any role (Claude Code sends `system`
+    turns after the first user turn), unknown block types dropped, tool results as text."""
     messages = _require_list(body, "messages")
     tools = body.get("tools")
     if isinstance(tools, list):
         tools = [{"type": "function", "function": t} for t in tools]
-    parts: list[str] = [_system(_parts_text(body.get("system")), tools)]
+    system = body.get("system")
+    parts: list[str] = [
+        _system(_parts_text(system) if isinstance(system, str | list) else "", tools)
+    ]
     last_user = ""
     for msg in messages:
-        if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
-            raise BadRequest("each message must have role 'user' or 'assistant'")
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise BadRequest("Failed to parse messages: Missing 'role' in message")
+        if "content" not in msg and msg["role"] == "assistant":
+            continue
         text = _parts_text(msg.get("content"))
-        parts.append(_turn(str(msg["role"]), text))
+        parts.append(_turn(msg["role"], text))
         if msg["role"] == "user":
             last_user = text
     return _finish(parts, last_user)
 
 
+_INPUT_PARTS = frozenset({"input_text", "input_image"})
+_OUTPUT_PARTS = frozenset({"output_text", "input_text", "refusal"})
+_INPUT_ROLES = frozenset({"user", "system", "developer"})
+
+
+def _string(item: dict[str, Any], *keys: str) -> bool:
+    return all(isinstance(item.get(key), str) for key in keys)
+
+
+def _checked_parts(content: list[Any], allowed: frozenset[str], message: str) -> list[Any]:
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_file":
+            raise BadRequest("'input_file' is not supported by llamacpp at this moment")
+        if kind not in allowed:
+            raise BadRequest(message)
+    return content
+
+
+def _response_item(item: Any) -> tuple[str, str]:
+    """One Responses input item -> (role, rendered text), accepting what llama-server accepts
+    (server_chat_convert_responses_to_chatcmpl): messages of any input role, assistant output
+    messages, function calls and their outputs, reasoning items."""
+    if not isinstance(item, dict):
+        raise BadRequest("'input' must be a string or array of objects")
+    kind, role, content = item.get("type"), item.get("role"), item.get("content")
+    if isinstance(content, str):
+        content = [
+            {"type": "input_text" if role != "assistant" else "output_text", "text": content}
+        ]
+    if isinstance(content, list) and role in _INPUT_ROLES:
+        allowed = "'type' must be one of 'input_text', 'input_image', or 'input_file'"
+        return str(role), _parts_text(_checked_parts(content, _INPUT_PARTS, allowed))
+    if role == "assistant" and kind == "message":
+        allowed = "'type' must be one of 'output_text' or 'refusal'"
+        parts = _checked_parts(content if isinstance(content, list) else [], _OUTPUT_PARTS, allowed)
+        return "assistant", _parts_text([p for p in parts if p.get("type") != "refusal"])
+    if kind == "function_call" and _string(item, "arguments", "call_id", "name"):
+        return "assistant", _tool_call(item["name"], item["arguments"])
+    output = item.get("output")
+    if (
+        kind == "function_call_output"
+        and _string(item, "call_id")
+        and isinstance(output, str | list)
+    ):
+        return "user", _tool_response(output if isinstance(output, str) else _parts_text(output))
+    if kind == "reasoning" and isinstance(item.get("summary"), list):
+        reasoning = item.get("content")
+        if not isinstance(reasoning, list) or not reasoning:
+            raise BadRequest(
+                "item['content'] is not an array"
+                if not isinstance(reasoning, list)
+                else "item['content'] is empty"
+            )
+        if not isinstance(reasoning[0], dict) or not isinstance(reasoning[0].get("text"), str):
+            raise BadRequest("item['content']['text'] is not a string")
+        return "assistant", f"<think>\n{reasoning[0]['text']}\n</think>\n"
+    raise BadRequest("Cannot determine type of 'item'")
+
+
 def responses_prompt(body: dict[str, Any]) -> Prompt:
-    """OpenAI /v1/responses: instructions + input (a string or a list of items)."""
-    raw = body.get("input")
-    if isinstance(raw, str):
-        items: list[Any] = [{"role": "user", "content": raw}]
-    elif isinstance(raw, list) and raw:
-        items = raw
-    else:
+    """OpenAI /v1/responses: instructions + input (a string or a list of items). System and
+    developer messages count wherever they are, as Codex sends them."""
+    if "input" not in body:
         raise BadRequest("'input' is required")
+    if body.get("previous_response_id"):
+        raise BadRequest("llama.cpp does not support 'previous_response_id'.")
+    raw = body["input"]
+    if isinstance(raw, str):
+        raw = [{"role": "user", "content": raw}]
+    if not isinstance(raw, list):
+        raise BadRequest("'input' must be a string or array of objects")
     system = str(body.get("instructions") or "")
     parts: list[str] = []
     last_user = ""
-    for item in items:
-        if not isinstance(item, dict):
-            raise BadRequest("input items must be objects")
-        kind = item.get("type", "message")
-        if kind == "function_call":
-            parts.append(_turn("assistant", _tool_call(item.get("name"), item.get("arguments"))))
-        elif kind == "function_call_output":
-            parts.append(_turn("user", _tool_response(str(item.get("output", "")))))
-        elif kind == "message":
-            role = str(item.get("role", "user"))
-            text = _parts_text(item.get("content"))
-            if role in ("system", "developer") and not parts:
-                system = f"{system}\n{text}" if system else text
-                continue
-            parts.append(_turn(role, text))
-            if role == "user":
-                last_user = text
-    return _finish([_system(system, body.get("tools")), *parts], last_user)
+    for item in raw:
+        role, text = _response_item(item)
+        if role in ("system", "developer") and not parts:
+            system = f"{system}\n{text}" if system else text
+            continue
+        if parts and role == "assistant" and parts[-1].startswith(f"{START}assistant\n"):
+            parts[-1] = parts[-1][: -len(f"{END}\n")] + text + f"{END}\n"  # one assistant turn
+        else:
+            parts.append(_turn("system" if role == "developer" else role, text))
+        if role == "user":
+            last_user = text
+    return _finish([_system(system, _response_tools(body.get("tools"))), *parts], last_user)
+
+
+def _response_tools(tools: Any) -> Any:
+    if tools is not None and not isinstance(tools, list):
+        raise BadRequest("'tools' must be an array of objects")
+    return (
+        [t for t in tools if isinstance(t, dict) and t.get("type") == "function"]
+        if tools
+        else tools
+    )

@@ -139,6 +139,27 @@ async def messages(request: web.Request) -> web.StreamResponse:
     return await _complete(Api.MESSAGES, request)
 
 
+async def _count_tokens(api: Api, request: web.Request) -> web.Response:
+    """llama-server's token counting (handle_count_tokens): the prompt the request would make."""
+    engine = request.app[ENGINE]
+    prompt = _PARSERS[api](await json_body(request))
+    payload: dict[str, Any] = {"input_tokens": len(engine.tokenizer.encode(prompt.text))}
+    if api is not Api.MESSAGES:
+        payload["object"] = "response.input_tokens"
+    return web.json_response(payload)
+
+
+def _counter(api: Api) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def count(request: web.Request) -> web.Response:
+        return await _count_tokens(api, request)
+
+    return count
+
+
+async def apply_template(request: web.Request) -> web.Response:
+    return web.json_response({"prompt": chat_prompt(await json_body(request)).text}, dumps=dumps)
+
+
 def _draft_from(value: Any, default: DraftSettings) -> DraftSettings:
     if value is None:
         return default
@@ -214,6 +235,15 @@ def create_app(config: SimConfig, preset: Preset) -> web.Application:
     for path in ("/v1/responses", "/responses"):
         r.add_post(path, responses)
     r.add_post("/v1/messages", messages)
+    r.add_post("/apply-template", apply_template)
+    for path, api in (
+        ("/v1/messages/count_tokens", Api.MESSAGES),
+        ("/v1/responses/input_tokens", Api.RESPONSES),
+        ("/responses/input_tokens", Api.RESPONSES),
+        ("/v1/chat/completions/input_tokens", Api.CHAT),
+        ("/chat/completions/input_tokens", Api.CHAT),
+    ):
+        r.add_post(path, _counter(api))
     r.add_post("/sim/predict", sim_predict)
     return app
 

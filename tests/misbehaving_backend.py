@@ -13,6 +13,10 @@ Modes:
   close-after-chunks    send N chunks, then drop the connection mid-stream
   flood                 stream `--flood-mb` MB of 64 KiB events as fast as the reader takes them
   echo-headers          answer a complete chat completion whose content is the headers received
+  hang-after-final      send N chunks and the API's final event, then never end the stream
+
+Whatever the mode, `POST /tokenize` and `GET /props` answer the method and path (with its query)
+they were called with.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ MODES = frozenset(
         "close-after-chunks",
         "flood",
         "echo-headers",
+        "hang-after-final",
     }
 )
 _FOREVER_S = 3600.0
@@ -127,7 +132,9 @@ def _stream_tail(api: str) -> bytes:
     if api == "messages":
         return _sse("message_stop", {"type": "message_stop"})
     if api == "responses":
-        response = {"id": "resp_test", "object": "response", "status": "completed"}
+        # 8 output tokens: enough for the proxy to learn a decode speed from the answer.
+        usage = {"input_tokens": 1, "output_tokens": 8, "total_tokens": 9}
+        response = {"id": "resp_test", "object": "response", "status": "completed", "usage": usage}
         return _sse("response.completed", {"type": "response.completed", "response": response})
     return b"data: [DONE]\n\n"
 
@@ -175,6 +182,8 @@ async def _stream(request: web.Request, behaviour: Behaviour, *, api: str) -> we
         _drop(request)
         return out
     await out.write(_stream_tail(api))
+    if behaviour.mode == "hang-after-final":
+        await asyncio.sleep(_FOREVER_S)  # the answer is complete; the stream never ends
     await out.write_eof()
     return out
 
@@ -228,6 +237,10 @@ def _complete_body(content: str) -> dict[str, object]:
     }
 
 
+async def echo_request(request: web.Request) -> web.Response:
+    return web.json_response({"method": request.method, "path_qs": request.raw_path})
+
+
 async def health(_request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -241,6 +254,8 @@ def make_app(behaviour: Behaviour) -> web.Application:
     app[BEHAVIOUR] = behaviour
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_post("/tokenize", echo_request)
+    app.router.add_get("/props", echo_request)
     for path in _APIS:
         app.router.add_post(path, generate)
     return app

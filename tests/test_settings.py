@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.model_names import ModelCatalog
 from proxy.plan import backend_specs, plans_of
 from proxy.settings import ConfigError, load_settings
 
@@ -48,10 +49,9 @@ def test_the_pool_stays_one_process_per_profile(tmp_path: Path) -> None:
     assert all(argv.count("--metrics") == 1 for argv in (off, low, high))
 
 
-def test_documented_config_loads() -> None:
-    settings = load_settings(ROOT / "config.toml")
-    assert settings.models[0].name == "mtp-demo"
-    assert settings.models[0].aliases == ["demo"]
+def test_documented_config_is_the_embedded_default() -> None:
+    # config.toml says it is the embedded default: a name one accepts, the other must too.
+    assert load_settings(ROOT / "config.toml") == load_settings(None)
 
 
 def test_environment_overrides_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -91,7 +91,8 @@ def test_every_problem_is_listed(tmp_path: Path) -> None:
 def test_check_config_prints_each_backend_command_line() -> None:
     result = run_cli("check-config", str(ROOT / "config.toml"))
     assert result.returncode == 0, result.stderr
-    assert "model mtp-demo (aliases: demo): 3 profile(s)" in result.stdout
+    assert "model mtp-demo: 3 profile(s)" in result.stdout
+    assert "any other model name: mtp-demo" in result.stdout
     line = next(line for line in result.stdout.splitlines() if "mtp-demo/one-copy:" in line)
     assert "--spec-type draft-mtp --spec-draft-n-max 3 --metrics" in line
 
@@ -111,3 +112,11 @@ def test_toml_syntax_error_exits_2(tmp_path: Path) -> None:
     result = run_cli("check-config", str(path))
     assert result.returncode == 2
     assert "TOML syntax" in result.stderr
+
+
+def test_embedded_default_answers_any_model_name() -> None:
+    # As a single llama-server does: Claude Code's claude-* names, Codex's gpt-*, none at all.
+    settings = load_settings(None)
+    catalog = ModelCatalog(settings.models, settings.model_names)
+    for name in ("claude-opus-4-5", "claude-haiku-4-5", "gpt-5-codex", "demo", "", None):
+        assert catalog.resolve(name) == "mtp-demo", name
