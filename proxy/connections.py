@@ -42,6 +42,9 @@ _REFUSED = (
     b"Connection: close\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s"
     % (len(_REFUSED_BODY), _REFUSED_BODY)
 )
+ANSWER_COMPLETE = "mtp_proxy.answer_complete"
+"""Request key the relay sets once the API's final event (``[DONE]``, ``message_stop``,
+``response.completed``) reached the client: a FIN after it needs no answer any more."""
 _HALF_CLOSE_GRACE_S = 1.0  # a half-closed connection with no request handled by then is closed
 _MIN_CAP = 16
 CLOSE_CAUSES = ("header_timeout", "over_cap_idlest", "over_cap_refused", "half_closed")
@@ -169,6 +172,10 @@ class ConnectionGuard:
             return False
         if not connection.busy and connection.first_byte_at is None:
             return False  # nothing asked, nothing to answer: close now
+        if connection.request is not None and connection.request.get(ANSWER_COMPLETE):
+            # The answer is complete (Codex closes right after response.completed): close, so a
+            # backend that lingers before ending its stream does not hold the request open.
+            return False
         connection.eof_at = asyncio.get_running_loop().time()
         if connection.busy:
             self._probe(connection)

@@ -18,6 +18,7 @@ import yarl
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.connections import ANSWER_COMPLETE
 from proxy.errors import stream_error_event
 
 # Headers that describe one hop, not the message (RFC 9110 section 7.6.1), plus those aiohttp
@@ -227,6 +228,7 @@ async def relay_stream(
         await out.write(chunk)
         if not relayed.final_relayed and final.seen_in(chunk):
             relayed.final_relayed = True
+            request[ANSWER_COMPLETE] = True
     await out.write_eof()
     return out, relayed
 
