@@ -55,3 +55,14 @@ def load_level(decoding: float, settings: RoutingSettings) -> int:
     largest of ``concurrency_levels`` not above it, so [1, 2, 4] gives 1, 2 (2-3) or 4 (4+)."""
     levels = settings.concurrency_levels
     return levels[max(bisect.bisect_right(levels, round(decoding)) - 1, 0)]
+
+
+def neighbours(cls: RequestClass, settings: RoutingSettings) -> list[RequestClass]:
+    """The classes closest to ``cls``: the other content kind in its bucket, then the same kind
+    in the buckets on either side (where estimates are borrowed from while a class is cold)."""
+    labels = bucket_labels(settings.context_buckets)
+    i = labels.index(cls.bucket)
+    other: ContentKind = "prose" if cls.kind == "code" else "code"
+    out = [RequestClass(cls.bucket, other)]
+    out += [RequestClass(labels[j], cls.kind) for j in (i - 1, i + 1) if 0 <= j < len(labels)]
+    return out

@@ -33,18 +33,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.routing.classes import RequestClass, bucket_labels, classify_tokens, load_level
-from proxy.routing.features import ContentKind, RequestFeatures
-from proxy.routing.policy import Reason
-from proxy.routing.settings import Role, RoutingSettings
+from proxy.routing.classes import RequestClass, classify_tokens, load_level, neighbours
+from proxy.routing.features import RequestFeatures
+from proxy.routing.policy import FALLBACK_ORDER, MIN_SD_FRACTION, Reason
+from proxy.routing.settings import RoutingSettings
 from proxy.routing.stats import Estimate
-
-_FALLBACK_ORDER: dict[Role, tuple[Role, ...]] = {
-    "max": ("max", "min", "off"),
-    "min": ("min", "off", "max"),
-    "off": ("off", "min", "max"),
-}
-_MIN_SD_FRACTION = 0.05  # Thompson draws: floor of the decode-speed spread, relative
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +142,7 @@ class _Choice:
         own = {p: e for p, e in stats.view_at(cls, level).items() if p in depths}
         self.est, self.source = own, cls
         if self._trusted_count(own) < 2:
-            for donor in _neighbours(cls, settings):
+            for donor in neighbours(cls, settings):
                 view = {p: e for p, e in stats.view_at(donor, level).items() if p in depths}
                 if self._trusted_count(view) >= 2:
                     self.est = {**view, **{p: e for p, e in own.items() if e.trusted}}
@@ -201,7 +194,7 @@ class _Choice:
         else:
             role = s.cold_short_role
         skipped = []
-        for r in _FALLBACK_ORDER[role]:
+        for r in FALLBACK_ORDER[role]:
             profile = s.role_profile(r)
             if profile not in self.depths:
                 continue
@@ -243,14 +236,5 @@ class _Choice:
     def _thompson(self, profile: str, rng: random.Random) -> float:
         e = self.est[profile]
         mean = e.decode_tok_s or self.s.prior_decode_tok_s
-        sd = max(e.decode_sd, _MIN_SD_FRACTION * mean) / max(e.samples, 1.0) ** 0.5
+        sd = max(e.decode_sd, MIN_SD_FRACTION * mean) / max(e.samples, 1.0) ** 0.5
         return self.expected_s(profile, max(rng.gauss(mean, sd), 0.05 * mean))
-
-
-def _neighbours(cls: RequestClass, settings: RoutingSettings) -> list[RequestClass]:
-    labels = bucket_labels(settings.context_buckets)
-    i = labels.index(cls.bucket)
-    other: ContentKind = "prose" if cls.kind == "code" else "code"
-    out = [RequestClass(cls.bucket, other)]
-    out += [RequestClass(labels[j], cls.kind) for j in (i - 1, i + 1) if 0 <= j < len(labels)]
-    return out

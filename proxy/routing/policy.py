@@ -26,19 +26,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from proxy.routing.classes import RequestClass, bucket_labels, classify_tokens
-from proxy.routing.features import ContentKind, RequestFeatures
+from proxy.routing.classes import RequestClass, classify_tokens, neighbours
+from proxy.routing.features import RequestFeatures
 from proxy.routing.settings import Role, RoutingSettings
 from proxy.routing.stats import Estimate
 
 Reason = Literal["pinned", "affinity", "learned", "explore", "rule", "spill", "fallback", "uniform"]
 
-_FALLBACK_ORDER: dict[Role, tuple[Role, ...]] = {
+FALLBACK_ORDER: dict[Role, tuple[Role, ...]] = {
     "max": ("max", "min", "off"),
     "min": ("min", "off", "max"),
     "off": ("off", "min", "max"),
 }
-_MIN_SD_FRACTION = 0.05  # Thompson draws: floor of the decode-speed spread, relative
+MIN_SD_FRACTION = 0.05  # Thompson draws: floor of the decode-speed spread, relative
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +288,7 @@ def _estimates(
     profiles = {c.profile for c in ready}
     if _trusted_count(own, profiles) >= 2:
         return own, cls
-    for donor in _neighbours(cls, settings):
+    for donor in neighbours(cls, settings):
         view = stats.view(donor)
         if _trusted_count(view, profiles) >= 2:
             return {**view, **{p: e for p, e in own.items() if e.trusted}}, donor
@@ -297,15 +297,6 @@ def _estimates(
 
 def _trusted_count(view: Mapping[str, Estimate], profiles: set[str]) -> int:
     return sum(1 for p, e in view.items() if e.trusted and p in profiles)
-
-
-def _neighbours(cls: RequestClass, settings: RoutingSettings) -> list[RequestClass]:
-    labels = bucket_labels(settings.context_buckets)
-    i = labels.index(cls.bucket)
-    other: ContentKind = "prose" if cls.kind == "code" else "code"
-    out = [RequestClass(cls.bucket, other)]
-    out += [RequestClass(labels[j], cls.kind) for j in (i - 1, i + 1) if 0 <= j < len(labels)]
-    return out
 
 
 def _place(plan: _Planner, tokens: int, cls: RequestClass) -> tuple[str, Reason, str]:
@@ -345,7 +336,7 @@ def _rule(plan: _Planner, tokens: int, cls: RequestClass) -> tuple[str, Reason, 
         role = s.cold_short_role
     skipped: list[str] = []
     unavailable = False
-    for r in _FALLBACK_ORDER[role]:
+    for r in FALLBACK_ORDER[role]:
         profile = s.role_profile(r)
         if profile not in plan.groups:
             skipped.append(f"{profile} not ready")
@@ -401,7 +392,7 @@ def _thompson_time(plan: _Planner, profile: str, rng: random.Random) -> float:
     e = plan.est[profile]
     mean = plan.idle_decode(profile)
     spread = e.decode_sd * mean / e.decode_tok_s if e.decode_tok_s else 0.0  # same scale
-    sd = max(spread, _MIN_SD_FRACTION * mean) / max(e.samples, 1.0) ** 0.5
+    sd = max(spread, MIN_SD_FRACTION * mean) / max(e.samples, 1.0) ** 0.5
     decode = max(rng.gauss(mean, sd), 0.05 * mean)
     prefill = e.prefill_tok_s or plan.s.prior_prefill_tok_s
     return plan.f.est_prompt_tokens / prefill + plan.out / decode

@@ -143,15 +143,8 @@ class Router:
         backend = self.pool.get(decision.backend)
         if backend is None:
             return None
-        if features.session_key is not None:
-            self._remember(features.session_key, backend.name)
-        key = self._caches.use(
-            backend.name, features.session_key, features.est_prompt_tokens, backend.slots
-        )
-        self.mix[(model, decision.profile, decision.reason)] += 1
-        cls = classify(features, self.settings)
-        return Route(
-            backend, decision.profile, decision.reason, decision.detail, cls, backend.in_flight, key
+        return self._placed(
+            model, backend, features, decision.profile, decision.reason, decision.detail
         )
 
     def _route_depth(
@@ -192,24 +185,30 @@ class Router:
             return None
         decay = self._load_decay
         backend.recent_load = backend.recent_load * decay + (backend.in_flight + 1) * (1 - decay)
+        route = self._placed(
+            model, backend, features, decision.profile, decision.reason, decision.detail
+        )
+        return replace(route, depth=decision.depth, level=decision.level)
+
+    def _placed(
+        self,
+        model: str,
+        backend: BackendSlot,
+        features: RequestFeatures,
+        profile: str,
+        reason: str,
+        detail: str,
+    ) -> Route:
+        """The bookkeeping of a decision, whichever shape made it: the session's holder, the
+        slot cache it takes, the routing mix."""
         if features.session_key is not None:
             self._remember(features.session_key, backend.name)
         key = self._caches.use(
             backend.name, features.session_key, features.est_prompt_tokens, backend.slots
         )
-        self.mix[(model, decision.profile, decision.reason)] += 1
+        self.mix[(model, profile, reason)] += 1
         cls = classify(features, self.settings)
-        return Route(
-            backend,
-            decision.profile,
-            decision.reason,
-            decision.detail,
-            cls,
-            backend.in_flight,
-            key,
-            depth=decision.depth,
-            level=decision.level,
-        )
+        return Route(backend, profile, reason, detail, cls, backend.in_flight, key)
 
     def _remember(self, session_key: str, backend: str) -> None:
         sessions = self._sessions
