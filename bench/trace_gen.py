@@ -73,8 +73,13 @@ class Conversation:
         if self.api == "messages":
             self.items.append({"role": "assistant", "content": [{"type": "text", "text": content}]})
         elif self.api == "responses":
+            # As Codex sends it: llama-server refuses an assistant item without "type".
             self.items.append(
-                {"role": "assistant", "content": [{"type": "output_text", "text": content}]}
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": content}],
+                }
             )
         else:
             self.items.append({"role": "assistant", "content": content})

@@ -25,6 +25,7 @@ from bench.routing_trace import (
     write_trace,
 )
 from proxy.settings import load_settings
+from simulator import prompts
 
 SMOKE_POLICIES = (
     "static:off",
@@ -88,6 +89,20 @@ def test_default_trace_is_the_generators_output_for_its_seed() -> None:
     sessions = {r.session for r in generated if r.session}
     assert sum(1 for s in sessions if s.startswith("agent")) >= 3
     assert {r.path for r in generated} == set(PATHS)
+
+
+def test_every_generated_request_is_one_llama_server_accepts() -> None:
+    """The simulator parses bodies as llama-server does: a request it refuses (a Responses
+    assistant item without "type" was one, in every run of 12 Codex turns) is no workload."""
+    render = {
+        "/v1/chat/completions": prompts.chat_prompt,
+        "/v1/completions": prompts.completion_prompt,
+        "/v1/messages": prompts.messages_prompt,
+        "/v1/responses": prompts.responses_prompt,
+    }
+    for trace in (trace_gen.default_trace(), trace_gen.concurrent_trace()):
+        for r in trace:
+            render[r.path](r.body)  # raises BadRequest on what llama-server would refuse
 
 
 def _overlap(spans: list[tuple[float, float]], at: float) -> int:
