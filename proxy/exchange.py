@@ -61,6 +61,7 @@ class Exchange:
         self.sequence = 0
         request[LOGGED] = True  # every way out of an exchange writes the request's line
         self.own_depth = DEPTH_KEY in body  # the client chose its depth: it is not replaced
+        self.ran_mixed = False  # decoded beside another depth on its process (not learned from)
         self.failed: dict[str, int] = {}  # backend -> generation that failed before answering
 
     @functools.cached_property
@@ -177,12 +178,14 @@ class Exchange:
         body = self.raw
         if route.depth is not None and not self.own_depth:
             body = with_depth(body, route.depth)
+        mark = backend.mix_mark(route.profile)
         with state.pool.lease(backend, route.profile):
             self.sequence = sequence = backend.started_total
             self.sent_at = sent_at = time.perf_counter()
             response = await open_upstream(state.client(), url, body, headers, state.timeouts)
             async with response:
                 out, relayed = await self._relay(response, route)
+            self.ran_mixed = backend.ran_mixed(mark)
         if relayed.status < 400:  # errors go back through the middleware that reshapes them
             await self._send(out)
         done_at = time.perf_counter()
@@ -289,7 +292,9 @@ class Exchange:
             sent_at=sent_at,
             done_at=done_at,
             spec_delta=spec_delta,
-            learn=route.depth is None or not self.own_depth,
+            # A per-request depth is learned from runs at that depth alone: beside another
+            # depth the speed is the mix's (routing.depth).
+            learn=route.depth is None or not (self.own_depth or self.ran_mixed),
         )
         self.state.metrics.record_observation(self.model, route.profile, observation)
         return observation

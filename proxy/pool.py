@@ -34,6 +34,11 @@ class BackendSlot:
     """Requests in flight by the profile they run at (a per-request process serves several)."""
     recent_load: float = 1.0
     """Decayed mean of the requests in flight at each admission, the new one included."""
+    latest_profile: str | None = None
+    """The profile of the request admitted last (a per-request process: the depth it leads to)."""
+    depth_mixes: int = 0
+    """Admissions at a profile while another decoded: a request that sees this change, or that
+    starts beside another profile, ran at mixed depths (see ``ran_mixed``)."""
     generation: int = 0
     """Times it became ready: a request that failed on one process may try its successor."""
 
@@ -44,6 +49,17 @@ class BackendSlot:
     @property
     def has_room(self) -> bool:
         return self.ready and self.in_flight < self.slots
+
+    def mix_mark(self, profile: str) -> int | None:
+        """Taken before a request's lease: None if another profile decodes already, else the
+        admissions-at-mixed-depths count that ``ran_mixed`` compares with at its end."""
+        return None if any(p != profile for p in self.decoding) else self.depth_mixes
+
+    def ran_mixed(self, mark: int | None) -> bool:
+        """Whether the request whose mark this is decoded beside another profile at any time:
+        its speed then says little about its own depth (the step ran an extra pass for the
+        other depth, or the other's drafting rode on it)."""
+        return mark is None or mark != self.depth_mixes
 
     @property
     def coming_back(self) -> bool:
@@ -97,7 +113,10 @@ class BackendPool:
         slot.in_flight += 1
         slot.started_total += 1
         profile = profile or slot.profile
+        if any(p != profile for p in slot.decoding):
+            slot.depth_mixes += 1
         slot.decoding[profile] += 1
+        slot.latest_profile = profile
         try:
             yield slot
         finally:

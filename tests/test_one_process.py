@@ -232,3 +232,24 @@ async def test_a_killed_process_makes_requests_wait_not_fail(tmp_path: Path) -> 
         assert statuses == [200] * 12
         row = backend_row(proxy)
         assert row["pid"] != pid and row["restarts"] >= 1
+
+
+async def test_requests_that_decoded_beside_another_depth_are_not_learned_from(
+    fresh_one_process: ProxyProcess,
+) -> None:
+    """A drafter among plain requests decodes almost for free while they pay its extra pass, so
+    both speeds describe the mix, not their depth: only runs at one depth are learned."""
+    proxy = fresh_one_process
+    prose = " ".join([SHORT] * 400)  # ~6k tokens: 4k-16k/prose, apart from the lone request
+    async with aiohttp.ClientSession() as session:
+        pair = (
+            send(session, proxy, "chat", f"{prose} {n}", pin=pin, max_tokens=160)
+            for n, pin in enumerate(("off", "max"))
+        )
+        await asyncio.gather(*pair)
+        await send(session, proxy, "chat", f"{SHORT} alone", pin="max")
+    status, routing = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
+    assert status == 200
+    classes = {row["request_class"] for row in routing["learned"]}
+    assert "<4k/prose@1" in classes, classes  # the lone request is learned
+    assert not any(c.startswith("4k-16k/") for c in classes), classes

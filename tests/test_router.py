@@ -176,7 +176,7 @@ def test_one_process_routes_a_depth_and_what_decodes_there_fixes_the_next() -> N
     )
     with router.pool.lease(first.backend, first.profile):
         assert dict(first.backend.decoding) == {"max": 1}
-        second = router.route("m", _features("b", tokens=60_000), exclude=())
+        second = router.route("m", _features("b"), exclude=())
         assert second is not None
         assert (second.profile, second.depth, second.reason) == ("max", 3, "uniform")
     assert dict(first.backend.decoding) == {}
@@ -214,3 +214,39 @@ def test_one_process_remembers_its_recent_concurrency() -> None:
     backend.in_flight = 0
     idle = router.route("m", _features("later"), exclude=())
     assert idle is not None and idle.level == 1  # decays: one busy moment is not a burst
+
+
+def test_a_request_ran_mixed_if_another_depth_decoded_at_any_time_of_its_run() -> None:
+    router = _one_process_router(RoutingSettings())
+    backend = router.pool.of_model("m")[0]
+    pool = router.pool
+    alone = backend.mix_mark("max")
+    with pool.lease(backend, "max"):
+        same = backend.mix_mark("max")
+        with pool.lease(backend, "max"):
+            pass
+    assert not backend.ran_mixed(alone) and not backend.ran_mixed(same)  # one depth throughout
+    first = backend.mix_mark("max")
+    with pool.lease(backend, "max"):
+        later = backend.mix_mark("off")
+        assert later is None  # starts beside max
+        with pool.lease(backend, "off"):
+            pass
+        assert backend.ran_mixed(first)  # off came while it decoded
+    assert backend.ran_mixed(later)
+    after = backend.mix_mark("off")
+    with pool.lease(backend, "off"):
+        pass
+    assert not backend.ran_mixed(after)  # the mix was over before it started
+
+
+def test_one_process_newcomers_join_the_depth_admitted_last() -> None:
+    router = _one_process_router(RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0))
+    first = router.route("m", _features("a"), exclude=())
+    assert first is not None and first.profile == "max"
+    pool = router.pool
+    b = first.backend
+    with pool.lease(b, "off"), pool.lease(b, "off"), pool.lease(b, "max"):
+        newcomer = router.route("m", _features("c"), exclude=())  # own pick: off (busy)
+        assert newcomer is not None
+        assert (newcomer.profile, newcomer.reason) == ("max", "uniform")

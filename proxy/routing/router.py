@@ -165,6 +165,7 @@ class Router:
                 b.name == holder,
                 dict(b.decoding),
                 b.recent_load,
+                b.latest_profile,
             )
             for b in self.pool.of_model(model)
             if b.name not in exclude

@@ -150,6 +150,14 @@ class RoutingSettings(BaseModel):
         description="Cold pick of a depth when the request will decode beside others (level "
         "2+): the published runs lose with speculation there. Learning takes over per level.",
     )
+    depth_switch_margin: float = Field(
+        default=0.1,
+        ge=0.0,
+        description="A request leaves the depth already decoding on its process (where "
+        "concurrent requests share one depth) only when its learned expected time there is "
+        "this fraction longer than at its own pick: while two depths decode, every request "
+        "pays an extra pass per step.",
+    )
     load_half_life_requests: float = Field(
         default=8.0,
         gt=0.0,
