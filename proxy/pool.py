@@ -53,7 +53,11 @@ class BackendSlot:
     def mix_mark(self, profile: str) -> int | None:
         """Taken before a request's lease: None if another profile decodes already, else the
         admissions-at-mixed-depths count that ``ran_mixed`` compares with at its end."""
-        return None if any(p != profile for p in self.decoding) else self.depth_mixes
+        return None if self.beside_other(profile) else self.depth_mixes
+
+    def beside_other(self, profile: str) -> bool:
+        """Whether a request at another profile decodes here now."""
+        return any(p != profile for p in self.decoding)
 
     def ran_mixed(self, mark: int | None) -> bool:
         """Whether the request whose mark this is decoded beside another profile at any time:
@@ -113,7 +117,7 @@ class BackendPool:
         slot.in_flight += 1
         slot.started_total += 1
         profile = profile or slot.profile
-        if any(p != profile for p in slot.decoding):
+        if slot.beside_other(profile):
             slot.depth_mixes += 1
         slot.decoding[profile] += 1
         slot.latest_profile = profile
