@@ -354,7 +354,10 @@ class Child:
                 continue
             silent = now - last_ok
             if probe.ok:
-                last_ok = now
+                # Silence counts from when this probe was sent: probes keep a cadence from their
+                # start, so counting from the answer would land every timeout just short of
+                # unhealthy_after_s and detection would take one interval longer.
+                last_ok = began
                 if self._state is S.STARTING:  # a remote backend's first 200
                     await self._probe_draft_control()
                 if self._state is not S.READY:

@@ -1,5 +1,5 @@
 """The README's figure, measured with the default supervisor settings: a hung backend is detected
-in 8-12 s and replaced within ~30 s.
+in 8-10 s and replaced within ~30 s.
 
 A simulated backend is frozen with SIGSTOP (it keeps its port and accepts connections, but never
 answers: a deadlock, a wedged GPU driver). The supervisor's /health probes time out, the backend
@@ -22,7 +22,7 @@ from supervisor.settings import SupervisorSettings
 from tests.harness import ADMIN_KEY, ProxyProcess, proxy_config, running_proxy, simulator_model
 from tests.traffic import body_for, send, wait_all_ready
 
-DETECTED_S = (8.0, 12.0)  # README: "detected in 8-12 s"
+DETECTED_S = (8.0, 11.0)  # README: "detected in 8-10 s", plus up to 1 s for this poll to see it
 REPLACED_S = 30.0  # README: "replaced within ~30 s"
 
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from aiohttp import web
 
 from supervisor import Backend, BackendSpec, BackendState, Supervisor, SupervisorSettings
 from supervisor.process import free_loopback_port
@@ -84,6 +85,47 @@ async def test_remote_backend_down_at_start_becomes_unhealthy() -> None:
         unhealthy = await rec.wait("r", S.UNHEALTHY)
         assert "cannot connect" in unhealthy.reason
         assert rec.states("r") == [S.STARTING, S.UNHEALTHY]
+
+
+async def test_silence_counts_from_the_last_good_probe_sent_not_from_its_slow_answer() -> None:
+    """A /health that answers slowly must not delay detection by one interval.
+
+    Probes keep a 1 s cadence from when they are sent; once the backend hangs, each times out
+    1 s after it was sent. Counted from the last 200's answer (0.4 s late), the silence would
+    be 2.6 s at the probe that ends 3 s after the last good one was sent, short of
+    unhealthy_after_s, and the backend would turn unhealthy only a full interval later.
+    """
+    sent: list[float] = []
+    hang, release = asyncio.Event(), asyncio.Event()
+
+    async def health(request: web.Request) -> web.Response:
+        if hang.is_set():
+            await release.wait()
+            return web.json_response({"status": "hung"}, status=503)
+        sent.append(time.monotonic())
+        await asyncio.sleep(0.4)
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_loopback_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    rec = Recorder()
+    remote_spec = BackendSpec("r", "m", "off", (), {}, url=f"http://127.0.0.1:{port}")
+    try:
+        async with running(
+            [remote_spec], rec, health_interval_s=1.0, health_timeout_s=1.0, unhealthy_after_s=3.0
+        ) as sup:
+            assert await sup.wait_ready(5)
+            hang.set()
+            unhealthy = await rec.wait("r", S.UNHEALTHY, timeout=10)
+    finally:
+        release.set()
+        await runner.cleanup()
+    silent = unhealthy.t - sent[-1]
+    assert 3.0 <= silent < 3.5, silent
 
 
 class ServingRecorder(Recorder):
