@@ -95,8 +95,11 @@ class Reloader:
         await supervisor.reload(specs)
         for name in before.keys() - wanted.keys():
             state.pool.remove(name)  # only now: a removed backend's drain reads its in_flight
+        running = {backend.name: backend.spec for backend in supervisor.backends}
         for name, count in slots.items():
-            if (slot := state.pool.get(name)) is not None:
+            # A changed backend whose successor failed serves on as its old process, with
+            # the slots that process was started with.
+            if running.get(name) == wanted[name] and (slot := state.pool.get(name)) is not None:
                 slot.slots = count
         sdnotify.notify("READY=1")
         log.info(

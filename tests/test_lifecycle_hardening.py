@@ -69,7 +69,8 @@ def test_a_reload_whose_backends_cannot_start_keeps_the_old_ones(tmp_path: Path)
         wait_all_ready(proxy, {"mtp-demo": 3})
         before = backend_pids(proxy)
         broken = json.loads(json.dumps(config))
-        broken["models"] = [simulator_model(preset="no-such-preset")]  # validates, cannot start
+        # Validates, cannot start; and would have fewer slots than the processes that stay.
+        broken["models"] = [simulator_model(preset="no-such-preset", slots=2)]
         (tmp_path / "config.toml").write_text(tomli_w.dumps(broken))
         proxy.process.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 60
@@ -84,6 +85,8 @@ def test_a_reload_whose_backends_cannot_start_keeps_the_old_ones(tmp_path: Path)
         assert sorted(line["backend"] for line in kept) == sorted(before)
         assert all(line["state"] == "failed" for line in kept)
         assert backend_pids(proxy) == before  # the very same processes serve on
+        _, backends = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)
+        assert {row["slots"] for row in backends["backends"]} == {4}  # theirs, not the file's
         assert proxy.get_json("/health")[1]["ready_backends"] == {"mtp-demo": 3}
     finally:
         proxy.stop()
