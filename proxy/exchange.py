@@ -379,7 +379,7 @@ class Exchange:
         elapsed = time.perf_counter() - self.received
 
         def record() -> None:
-            self.state.metrics.record_refusal(self.api, status, elapsed, model=self.model)
+            self.state.metrics.record_unrouted(self.api, status, elapsed, model=self.model)
             self.log.info("request", model=self.model, api=self.api, status=status, error=message)
 
         self.state.bookkeeping.defer(record)

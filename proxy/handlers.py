@@ -109,7 +109,7 @@ def refuse(
     request[LOGGED] = True
 
     def record() -> None:
-        state.metrics.record_refusal(api, status, elapsed)
+        state.metrics.record_unrouted(api, status, elapsed)
         request_logger(request, api).info(
             "request", status=status, error=message, duration_s=round(elapsed, 4)
         )

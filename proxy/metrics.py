@@ -138,11 +138,12 @@ class ProxyMetrics:
     ) -> None:
         self.requests.labels(model, api, profile, request_class, str(status)).inc()
 
-    def record_refusal(
+    def record_unrouted(
         self, api: str, status: int, elapsed_s: float, model: str = UNROUTED
     ) -> None:
-        """A request answered with an error before routing (bad body, unknown model, no key):
-        counted and timed like every other, under profile and class "none"."""
+        """A request answered without routing, an error before it (bad body, unknown model, no
+        key) or a forwarded route (/tokenize ...): counted and timed like every other, under
+        profile and class "none"."""
         self.count_request(model, api, UNROUTED, UNROUTED, status)
         self.latency.labels(model, api, UNROUTED).observe(elapsed_s)
 

@@ -12,7 +12,9 @@ client gets: they answer 403 in the OpenAI error shape and never reach a backend
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -28,6 +30,7 @@ from proxy.forward import (
     upstream_headers,
     upstream_url,
 )
+from proxy.metrics import UNROUTED
 from proxy.pool import BackendSlot
 from proxy.state import STATE
 
@@ -83,7 +86,32 @@ def _dialect(path: str) -> Dialect:
     return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 
-async def refuse_state_change(request: web.Request) -> web.Response:
+def _counted(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """Count and time the answer in mtp_proxy_requests_total like a generation's, under the
+    route's own path as its API (a fixed set) and profile and class "none"."""
+
+    @functools.wraps(handler)
+    async def counted(request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        response = await handler(request)
+        model = request.get(LOG_FIELDS, {}).get("model", UNROUTED)
+        api = (
+            request.match_info.route.resource.canonical
+            if request.match_info.route.resource
+            else request.path
+        )
+        request.app[STATE].metrics.record_unrouted(
+            api, response.status, time.perf_counter() - started, model=model
+        )
+        return response
+
+    return counted
+
+
+@_counted
+async def refuse_state_change(request: web.Request) -> web.StreamResponse:
     message = (
         f"{request.method} {request.path} changes a backend's state; mtp-proxy does not "
         "let clients reach it (manage backends through the config and /admin)"
@@ -91,6 +119,7 @@ async def refuse_state_change(request: web.Request) -> web.Response:
     return error_response("openai", 403, message, code="forbidden")
 
 
+@_counted
 async def forward(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     dialect = _dialect(request.path)

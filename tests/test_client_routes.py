@@ -157,6 +157,15 @@ def test_routes_that_change_a_backend_are_refused(
     assert error["type"] == "permission_error" and "changes a backend's state" in error["message"]
 
 
+def test_forwarded_and_refused_routes_are_counted_like_generations(proxy: ProxyProcess) -> None:
+    tokenized = requests_counted(proxy, "mtp-demo", "/tokenize", "200")
+    refused = requests_counted(proxy, "none", "/slots/{id_slot}", "403")
+    assert call(proxy, "POST", "/tokenize", {"model": "mtp-demo", "content": "hi"})[0] == 200
+    assert call(proxy, "POST", "/slots/0?action=erase", {"model": "mtp-demo"})[0] == 403
+    assert requests_counted(proxy, "mtp-demo", "/tokenize", "200") == tokenized + 1
+    assert requests_counted(proxy, "none", "/slots/{id_slot}", "403") == refused + 1
+
+
 # --- model names ----------------------------------------------------------------------------
 
 
