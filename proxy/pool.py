@@ -34,8 +34,6 @@ class BackendSlot:
     """Requests in flight by the profile they run at (a per-request process serves several)."""
     recent_load: float = 1.0
     """Decayed mean of the requests in flight at each admission, the new one included."""
-    latest_profile: str | None = None
-    """The profile of the request admitted last (a per-request process: the depth it leads to)."""
     depth_mixes: int = 0
     """Admissions at a profile while another decoded: a request that sees this change, or that
     starts beside another profile, ran at mixed depths (see ``ran_mixed``)."""
@@ -120,7 +118,6 @@ class BackendPool:
         if slot.beside_other(profile):
             slot.depth_mixes += 1
         slot.decoding[profile] += 1
-        slot.latest_profile = profile
         try:
             yield slot
         finally:

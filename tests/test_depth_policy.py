@@ -1,4 +1,4 @@
-"""The routing policy of one process (routing.depth): replica, pin, uniform depth under load,
+"""The routing policy of one process (routing.depth): replica, pin, the busy epoch's depth,
 learned per load level, cold rules, break-even guard, bounded exploration. Plain values in."""
 
 from __future__ import annotations
@@ -101,61 +101,24 @@ def test_cold_beside_others_does_not_draft() -> None:
     assert (d.profile, d.depth, d.level, d.reason) == ("off", 0, 2, "rule")
 
 
-def test_concurrent_requests_share_the_depth_by_default() -> None:
-    d = run(500, "prose", replicas=[one(2, decoding={"max": 2})])
-    assert (d.profile, d.depth, d.reason) == ("max", 3, "uniform")
-    assert "joins max" in d.detail and "own pick off" in d.detail
+def test_beside_others_a_request_gets_the_depth_of_the_busy_epoch() -> None:
+    d = run(500, "prose", replicas=[one(2, decoding={"off": 2}, busy_depth="max")])
+    assert (d.profile, d.depth, d.reason, d.level) == ("max", 3, "busy", 2)
+    assert d.detail == "busy epoch of m/one-copy at max"
+    # A model whose slots may mix depths chooses per request instead.
+    free = run(500, "prose", replicas=[one(2, busy_depth="max")], mixed=True)
+    assert (free.profile, free.reason) == ("off", "rule")
 
 
-def test_a_newcomer_joins_the_depth_admitted_last() -> None:
-    # The last admitted request leads: once the older ones finish, everyone runs at its depth.
-    busy = one(3, decoding={"off": 2, "max": 1}, latest="max")
-    assert (run(500, replicas=[busy]).profile, run(500, replicas=[busy]).reason) == (
-        "max",
-        "uniform",
-    )
-    finished = one(2, decoding={"off": 2}, latest="max")  # the leader is done: the most common
-    assert run(500, replicas=[finished]).profile == "off"
+def test_a_recent_burst_counts_as_busy_and_an_idle_process_lets_the_request_choose() -> None:
+    burst = run(500, replicas=[one(0, recent_load=4.2, busy_depth="off")])
+    assert (burst.profile, burst.reason, burst.level) == ("off", "busy", 4)
+    idle = run(500, replicas=[one(0, busy_depth="off")])
+    assert (idle.profile, idle.reason, idle.level) == ("max", "rule", 1)
 
 
-def test_cold_a_long_context_leaves_drafting_under_load() -> None:
-    # Published runs lose most with speculation beside others on long contexts: worth the
-    # extra pass while the drafters finish.
-    d = run(40_000, "prose", replicas=[one(2, decoding={"max": 2}, latest="max")])
-    assert (d.profile, d.depth, d.reason) == ("off", 0, "rule")
-    assert "leads m/one-copy from max" in d.detail
-    alone_before = run(40_000, "prose", replicas=[one(0, decoding={}, latest="max")])
-    assert alone_before.reason == "rule"  # nothing decodes: a free choice
-
-
-def test_learned_a_newcomer_leaves_the_leading_depth_only_past_the_margin() -> None:
-    busy = [one(1, decoding={"max": 1}, latest="max")]
-    clear, slight = LearnedStats(NO_EXPLORE), LearnedStats(NO_EXPLORE)
-    for stats, max_speed in ((clear, 20.0), (slight, 28.0)):
-        train(stats, SHORT, "off", 30.0, level=2)
-        train(stats, SHORT, "max", max_speed, level=2)
-    leaves = run(500, replicas=busy, stats=clear)
-    assert (leaves.profile, leaves.reason) == ("off", "learned")
-    stays = run(500, replicas=busy, stats=slight)  # 7 % slower: below the 10 % margin
-    assert (stays.profile, stays.reason) == ("max", "uniform")
-    eager = RoutingSettings(
-        exploration_rate=0.0, cold_exploration_rate=0.0, depth_switch_margin=0.0
-    )
-    assert run(500, replicas=busy, stats=slight, settings=eager).profile == "off"
-
-
-def test_exploring_under_load_is_rarer_by_the_requests_it_leads() -> None:
-    settings = RoutingSettings(cold_exploration_rate=0.8)
-    busy = [one(4, decoding={"off": 4}, latest="off")]
-    explored = Counter(
-        run(500, replicas=busy, settings=settings, rng=random.Random(seed)).reason
-        for seed in range(400)
-    )["explore"]
-    assert 0.1 * 400 < explored < 0.3 * 400, explored  # 0.8 / 4 decoding
-
-
-def test_a_pin_wins_over_uniformity() -> None:
-    d = run(500, replicas=[one(2, decoding={"max": 2})], pin="off")
+def test_a_pin_wins_over_the_busy_epoch() -> None:
+    d = run(500, replicas=[one(2, decoding={"max": 2}, busy_depth="max")], pin="off")
     assert (d.profile, d.depth, d.reason) == ("off", 0, "pinned")
     assert run(500, pin="MIN").depth == 2
 

@@ -178,7 +178,8 @@ def test_one_process_routes_a_depth_and_what_decodes_there_fixes_the_next() -> N
         assert dict(first.backend.decoding) == {"max": 1}
         second = router.route("m", _features("b"), exclude=())
         assert second is not None
-        assert (second.profile, second.depth, second.reason) == ("max", 3, "uniform")
+        # Beside it: the busy epoch's depth, cold off (the epoch, not the newcomer's own pick).
+        assert (second.profile, second.depth, second.reason) == ("off", 0, "busy")
     assert dict(first.backend.decoding) == {}
     # Mixed depths allowed: the long prompt gets its own depth, at load level 2.
     mixed = _one_process_router(settings, mixed=True)
@@ -240,13 +241,32 @@ def test_a_request_ran_mixed_if_another_depth_decoded_at_any_time_of_its_run() -
     assert not backend.ran_mixed(after)  # the mix was over before it started
 
 
-def test_one_process_newcomers_join_the_depth_admitted_last() -> None:
-    router = _one_process_router(RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0))
-    first = router.route("m", _features("a"), exclude=())
-    assert first is not None and first.profile == "max"
-    pool = router.pool
-    b = first.backend
-    with pool.lease(b, "off"), pool.lease(b, "off"), pool.lease(b, "max"):
-        newcomer = router.route("m", _features("c"), exclude=())  # own pick: off (busy)
-        assert newcomer is not None
-        assert (newcomer.profile, newcomer.reason) == ("max", "uniform")
+def test_a_busy_epoch_lasts_its_admissions_and_learns_from_single_depth_runs() -> None:
+    settings = RoutingSettings(busy_epoch_admissions=3, min_samples=2)
+    router = _one_process_router(settings)
+    backend = router.pool.of_model("m")[0]
+    usage = ParsedUsage(has_timings=True, prompt_n=500, predicted_n=300, predicted_ms=10_000.0)
+    with router.pool.lease(backend, "off"):
+        routes = [router.route("m", _features(f"s{n}"), exclude=()) for n in range(3)]
+        assert [(r.profile, r.reason) for r in routes if r] == [("off", "busy")] * 3
+        state = router._busy[backend.name]
+        assert (state.left, state.sent["off"]) == (0, 3)
+        for route in routes:
+            assert route is not None
+            # Each ran beside the held one and the next: level 2, one depth throughout.
+            with router.pool.lease(backend, route.profile):
+                pass
+            router.observe(route, _features("x"), usage, sent_at=0.0, done_at=12.0)
+        assert state.finished["off"] == 3 and round(state.samples("off"), 1) == 3.0  # decayed
+        # The cold depth is known: the next epoch tries the deepest one.
+        nxt = router.route("m", _features("next"), exclude=())
+        assert nxt is not None and (nxt.profile, nxt.reason) == ("max", "busy")
+        assert router.snapshot()["busy"][backend.name] == {
+            "profile": "max",
+            "left": 2,
+            "samples": {"off": 2.96},
+            "outstanding": {"max": 1, "off": 0},
+        }
+        # A run that was not single-depth is counted as finished but not learned from.
+        router.observe(nxt, _features("x"), usage, sent_at=0.0, done_at=12.0, learn=False)
+        assert state.finished["max"] == 1 and state.samples("max") == 0.0

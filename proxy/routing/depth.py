@@ -10,26 +10,25 @@ Hence, in order:
 
 1. replica: the one holding the session's cache if it has room, else the least loaded.
 2. pin: ``X-MTP-Profile`` names a profile: its depth, whatever else decodes.
-3. learned: with two or more trusted depths for (class, load level), the best expected goodput
+3. busy (unless the model allows mixed depths): a request that will decode beside others gets
+   the depth of the process's current busy epoch (``busy``: one depth for the process while it
+   is busy, learned from what it achieved at each depth there).
+4. learned: with two or more trusted depths for (class, load level), the best expected goodput
    (output tokens / (prefill + decode time)) measured at that level; a class short of data
    borrows the ranking of its neighbours at the same level.
-4. rule: cold start. Alone: short -> max, long code -> min, long prose -> off; beside others:
-   ``cold_busy_role`` (off). A depth whose learned acceptance is below break-even is skipped.
-5. uniform (unless the model allows mixed depths): while requests decode on the replica, a
-   newcomer joins the depth admitted last, unless its own pick is clearly faster for it
-   (learned: by ``depth_switch_margin``; cold: a long context leaving drafting under load).
-   A newcomer that leaves leads: the ones after it join its depth and the process gets there
-   as the older requests finish, so one early pick no longer fixes a whole busy stretch.
-6. explore: at most ``exploration_rate`` (``cold_exploration_rate`` while cold) of the
-   choices try another depth, untried first, then Thompson sampling; under load that rate is
-   divided by the requests decoding (an explorer leads those after it too); never past
+5. rule: cold start. Alone: short -> max, long code -> min, long prose -> off; beside others
+   (a model whose slots may mix depths): ``cold_busy_role`` (off). A depth whose learned
+   acceptance is below break-even is skipped.
+6. explore: at most ``exploration_rate`` (``cold_exploration_rate`` while cold) of the free
+   choices try another depth, untried first, then Thompson sampling; never past
    ``exploration_max_tokens``, and on long contexts never a depth known to lose much.
 
 The load level of a request is what will decode beside it: the requests in flight on the
-replica plus itself, or the replica's recent concurrency if higher. The statistics learn only
-from requests that decoded at one depth throughout (the router's caller drops the others): a
-drafter among plain requests decodes almost for free while they pay its extra pass, so its
-speed, and theirs, describe the mix and not the depth.
+replica plus itself, or the replica's recent concurrency if higher (so the first request of a
+burst is counted busy too). The statistics learn only from requests that decoded at one depth
+throughout (the router's caller drops the others): a drafter among plain requests decodes almost
+for free while they pay its extra pass, so its speed, and theirs, describe the mix and not the
+depth.
 """
 
 from __future__ import annotations
@@ -59,17 +58,8 @@ class Replica:
     """Requests in flight on it, by the profile (depth) they were given."""
     recent_load: float = 1.0
     """Decayed mean of the requests decoding at its recent admissions (each counting itself)."""
-    latest: str | None = None
-    """The profile of the request admitted last: while it decodes, the depth newcomers join."""
-
-    def leading_depth(self, depths: Mapping[str, int]) -> str | None:
-        """The profile newcomers join: the last admitted one while it decodes (so a request
-        that changed depth leads the process to it as the others finish), else the most
-        common; None when nothing decodes."""
-        decoding = {p: n for p, n in self.decoding.items() if n > 0 and p in depths}
-        if self.latest in decoding:
-            return self.latest
-        return max(sorted(decoding), key=lambda p: decoding[p]) if decoding else None
+    busy_depth: str | None = None
+    """The depth of its current busy epoch (``busy``): what requests beside others run at."""
 
     @property
     def has_room(self) -> bool:
@@ -119,21 +109,13 @@ def decide_depth(
         if pinned in depths:
             return decision(pinned, "pinned", f"pin {features.pinned_profile}")
         note = f"pin {features.pinned_profile} unknown; "
+    busy = replica.busy_depth
+    if level > 1 and not mixed and busy is not None and busy in depths:
+        return decision(busy, "busy", f"{note}busy epoch of {replica.name} at {busy}")
     cls = classify_tokens(features.est_prompt_tokens, features.kind, settings)
     choice = _Choice(features, depths, stats, settings, cls, level)
     profile, reason, detail = choice.place()
-    leading = None if mixed else replica.leading_depth(depths)
-    if leading is not None and profile != leading:
-        if choice.switch_pays(profile, leading):
-            detail += f"; leads {replica.name} from {leading}"
-        else:
-            detail = f"joins {leading} on {replica.name} (own pick {profile})"
-            profile, reason = leading, "uniform"
     rate = settings.cold_exploration_rate if reason == "rule" else settings.exploration_rate
-    if leading is not None:
-        # Exploring here leads everyone admitted after it to that depth: rarer by the requests
-        # decoding, so a busy process changes depth about as often as an idle one.
-        rate /= max(replica.in_flight, 1)
     tokens = features.est_prompt_tokens
     if settings.learning and tokens < settings.exploration_max_tokens and rng.random() < rate:
         explored = choice.explore(profile, rng)
@@ -205,20 +187,6 @@ class _Choice:
         speeds = ", ".join(f"{p} {trusted[p].decode_tok_s or 0:.1f}" for p in sorted(trusted))
         borrowed = f" (from {self.source.label})" if self.source != self.cls else ""
         return best, "learned", f"learned {at}{borrowed}: {speeds} tok/s"
-
-    def switch_pays(self, target: str, current: str) -> bool:
-        """Whether this request leaves the depth already decoding for ``target``. While both
-        decode, every request on the process pays for the second depth (hybrid models run it as
-        an extra pass), so only a clear gain is worth it: ``depth_switch_margin`` on the learned
-        estimates; cold, only a long context leaving drafting under load, where published runs
-        lose the most. Once the others finish, the process runs at the new depth."""
-        trusted = self.trusted()
-        if target in trusted and current in trusted:
-            margin = 1.0 + self.s.depth_switch_margin
-            return self.expected_s(current) >= margin * self.expected_s(target)
-        if self.level == 1 or self.f.est_prompt_tokens < self.s.long_context_tokens:
-            return False
-        return self.depths[target] < self.depths[current]
 
     def _rule(self, at: str) -> tuple[str, Reason, str]:
         s = self.s

@@ -31,7 +31,7 @@ from proxy.routing.features import RequestFeatures
 from proxy.routing.settings import Role, RoutingSettings
 from proxy.routing.stats import Estimate
 
-Reason = Literal["pinned", "affinity", "learned", "explore", "rule", "spill", "fallback", "uniform"]
+Reason = Literal["pinned", "affinity", "learned", "explore", "rule", "spill", "fallback", "busy"]
 
 FALLBACK_ORDER: dict[Role, tuple[Role, ...]] = {
     "max": ("max", "min", "off"),

@@ -17,6 +17,7 @@ from typing import Any
 
 from proxy.forward import Relayed
 from proxy.pool import BackendPool, BackendSlot
+from proxy.routing.busy import BusyDepths, next_busy_depth
 from proxy.routing.classes import RequestClass, classify, load_level
 from proxy.routing.depth import Replica, decide_depth
 from proxy.routing.features import Api, RequestFeatures, extract_features
@@ -92,6 +93,8 @@ class Router:
         self.mix: Counter[tuple[str, str, str]] = Counter()  # (model, profile, reason)
         self.per_request: dict[str, PerRequestModel] = {}  # set by the app from the plans
         self._load_decay = 0.5 ** (1.0 / settings.load_half_life_requests)
+        self._busy: dict[str, BusyDepths] = {}  # per-request backend -> its busy epochs
+        self._busy_decay = 0.5 ** (1.0 / settings.half_life_samples)
 
     def features(
         self, api: Api, model: str, body: Mapping[str, Any], headers: Mapping[str, str]
@@ -165,7 +168,7 @@ class Router:
                 b.name == holder,
                 dict(b.decoding),
                 b.recent_load,
-                b.latest_profile,
+                self._busy_depth(b.name, per_request),
             )
             for b in self.pool.of_model(model)
             if b.name not in exclude
@@ -184,12 +187,36 @@ class Router:
         backend = self.pool.get(decision.backend)
         if backend is None:
             return None
+        if decision.reason == "busy":
+            busy = self._busy[backend.name]
+            busy.left -= 1
+            busy.sent[decision.profile] += 1
         decay = self._load_decay
         backend.recent_load = backend.recent_load * decay + (backend.in_flight + 1) * (1 - decay)
         route = self._placed(
             model, backend, features, decision.profile, decision.reason, decision.detail
         )
         return replace(route, depth=decision.depth, level=decision.level)
+
+    def _busy_depth(self, backend: str, per_request: PerRequestModel) -> str | None:
+        """The depth of the backend's current busy epoch; the next epoch's once it ran out."""
+        if per_request.mixed:
+            return None
+        state = self._busy.setdefault(backend, BusyDepths())
+        if state.profile is None or state.left <= 0:
+            depths = per_request.depths
+            cold = self.settings.role_profile(self.settings.cold_busy_role)
+            shallowest = min(depths, key=lambda p: (depths[p], p))
+            deepest = max(depths, key=lambda p: (depths[p], p))
+            state.profile = next_busy_depth(
+                state,
+                cold if cold in depths else shallowest,
+                deepest,
+                self.settings.min_samples,
+                self.settings.busy_epoch_admissions,
+            )
+            state.left = self.settings.busy_epoch_admissions
+        return state.profile
 
     def _placed(
         self,
@@ -307,6 +334,9 @@ class Router:
             done_at=done_at,
             spec_delta=spec_delta,
         )
+        busy = self._busy.get(route.backend.name) if route.depth is not None else None
+        if busy is not None and route.reason == "busy":
+            busy.finished[route.profile] += 1
         if not self.settings.learning or not learn:
             return observation
         # The load over the request's life: the mean of the others in flight when it was sent
@@ -322,6 +352,14 @@ class Router:
             load=load,
             level=level,
         )
+        if busy is not None and level > 1 and observation.decode_tok_s:
+            busy.observe(
+                route.request_class,
+                route.profile,
+                observation.decode_tok_s,
+                observation.output_tokens or 0,
+                self._busy_decay,
+            )
         if observation.context_tokens:
             self.stats.calibrator.observe(features, observation.context_tokens)
         return observation
@@ -349,6 +387,7 @@ class Router:
             "mix": mix,
             "learned": learned,
             "sessions": len(self._sessions),
+            "busy": {name: busy.report() for name, busy in sorted(self._busy.items())},
             "state": self.stats.load_report,
         }
 

@@ -148,15 +148,15 @@ class RoutingSettings(BaseModel):
     cold_busy_role: Role = Field(
         default="off",
         description="Cold pick of a depth when the request will decode beside others (level "
-        "2+): the published runs lose with speculation there. Learning takes over per level.",
+        "2+): the published runs lose with speculation there. What the process measures at "
+        "each depth while busy takes over (proxy/routing/busy.py).",
     )
-    depth_switch_margin: float = Field(
-        default=0.1,
-        ge=0.0,
-        description="A request leaves the depth already decoding on its process (where "
-        "concurrent requests share one depth) only when its learned expected time there is "
-        "this fraction longer than at its own pick: while two depths decode, every request "
-        "pays an extra pass per step.",
+    busy_epoch_admissions: int = Field(
+        default=8,
+        ge=1,
+        description="While a process is busy, every request beside others runs at one depth "
+        "for this many admissions (an epoch); the next epoch's depth is chosen from what the "
+        "process achieved at each depth while busy (proxy/routing/busy.py).",
     )
     load_half_life_requests: float = Field(
         default=8.0,

@@ -1,0 +1,147 @@
+"""The depth a busy process runs at, learned from what it achieved there at each depth.
+
+On one process, requests that decode together should share a depth (on hybrid models a second
+depth costs every step an extra pass), and a request keeps the depth it was admitted at. So while
+the process is busy the choice that matters is the process's, not the request's: every request
+admitted beside others gets the depth of the current *epoch* (``busy_epoch_admissions``
+admissions), and each epoch's depth is chosen from what the process achieved at each depth:
+
+1. cold: ``cold_busy_role`` (off: published runs lose with speculation at 2-4 parallel
+   requests) until it has ``min_samples`` measured requests;
+2. then one epoch at the deepest depth, since newer builds batch the drafts well (and setups
+   differ: which one wins is what is measured here); not repeated while its requests are still
+   out, since a decision made before they report would be a blind one;
+3. then the deepest depth while it is likely faster: entered when the chance that it is faster
+   is above ``ENTER``, left when it falls below ``STAY``. The gap between the two keeps the
+   process from flip-flopping between two close depths: each switch makes both depths decode
+   side by side until the old requests finish, which costs more than either depth does.
+
+What a depth achieved is the decode speed of requests that ran at that depth throughout (no
+other depth beside them at any time), as log speed, compared class by class (context size and
+content kind): an epoch of long agent prompts and one of short chats are not compared with each
+other, only requests of one class are. Short answers weigh less: a few steps say little.
+
+Pure: the state is data, the choice is a function of it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from proxy.routing.classes import RequestClass
+
+ENTER = 0.8
+"""Probability that the deepest depth is faster, above which a cold process moves to it."""
+STAY = 0.5
+"""... below which a process at the deepest depth goes back."""
+MIN_SD = 0.15
+"""Floor of a class's log-speed spread: a few similar requests must not look certain."""
+FULL_WEIGHT_TOKENS = 256
+"""An answer this long (or longer) counts as one whole sample; shorter ones in proportion."""
+
+
+@dataclass(slots=True)
+class LogSpeed:
+    """A decayed, weighted mean and spread of log decode speeds."""
+
+    weight: float = 0.0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def add(self, value: float, weight: float, decay: float) -> None:
+        self.weight = self.weight * decay + weight
+        self.m2 *= decay
+        delta = value - self.mean
+        self.mean += weight * delta / self.weight
+        self.m2 += weight * delta * (value - self.mean)
+
+    @property
+    def sd(self) -> float:
+        return math.sqrt(self.m2 / self.weight) if self.weight > 1.0 else math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """How much faster one depth decodes than another, in log speed, over the classes both
+    ran in."""
+
+    mean: float
+    sd: float
+    weight: float
+
+    @property
+    def chance_faster(self) -> float:
+        """The probability that the first depth is the faster one (normal approximation)."""
+        if self.weight <= 0:
+            return 0.5
+        z = self.mean / (self.sd / math.sqrt(self.weight))
+        return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+@dataclass(slots=True)
+class BusyDepths:
+    """One process: the epoch it is in and what it measured at each depth while busy."""
+
+    profile: str | None = None
+    """The depth of the current epoch; None before the process was first busy."""
+    left: int = 0
+    """Admissions left in the current epoch."""
+    speeds: dict[tuple[str, str], LogSpeed] = field(default_factory=dict)
+    """(class label, profile) -> log decode speed of single-depth runs while busy."""
+    sent: Counter[str] = field(default_factory=Counter)
+    """Busy admissions per profile."""
+    finished: Counter[str] = field(default_factory=Counter)
+    """... and how many of them have finished (learned from or not)."""
+
+    def observe(
+        self, cls: RequestClass, profile: str, decode_tok_s: float, tokens: int, decay: float
+    ) -> None:
+        """A request that decoded at ``profile`` throughout, beside others."""
+        if decode_tok_s > 0 and tokens > 0:
+            weight = min(tokens, FULL_WEIGHT_TOKENS) / FULL_WEIGHT_TOKENS
+            cell = self.speeds.setdefault((cls.label, profile), LogSpeed())
+            cell.add(math.log(decode_tok_s), weight, decay)
+
+    def samples(self, profile: str) -> float:
+        return sum(e.weight for (_, p), e in self.speeds.items() if p == profile)
+
+    def outstanding(self, profile: str) -> int:
+        return self.sent[profile] - self.finished[profile]
+
+    def report(self) -> dict[str, object]:
+        """For /admin/routing: the epoch, and per profile the samples and requests out."""
+        return {
+            "profile": self.profile,
+            "left": self.left,
+            "samples": {p: round(self.samples(p), 2) for p in sorted({p for _, p in self.speeds})},
+            "outstanding": {p: self.outstanding(p) for p in sorted(self.sent)},
+        }
+
+    def gap(self, profile: str, reference: str) -> Gap:
+        """``profile`` against ``reference``, class by class, weighted by the smaller sample."""
+        total = weight = variance = 0.0
+        for (label, p), own in self.speeds.items():
+            other = self.speeds.get((label, reference))
+            if p != profile or other is None:
+                continue
+            w = min(own.weight, other.weight)
+            spread = max((s for s in (own.sd, other.sd) if math.isfinite(s)), default=MIN_SD)
+            total += w * (own.mean - other.mean)
+            variance += w * spread**2
+            weight += w
+        if weight == 0:
+            return Gap(0.0, math.inf, 0.0)
+        return Gap(total / weight, max(math.sqrt(variance / weight), MIN_SD), weight)
+
+
+def next_busy_depth(state: BusyDepths, cold: str, deep: str, min_samples: int, epoch: int) -> str:
+    """The depth of the next busy epoch: ``cold`` or ``deep`` (see the module's docstring)."""
+    if cold == deep or state.samples(cold) < min_samples:
+        return cold
+    gap = state.gap(deep, cold)
+    if gap.weight < min_samples / 2:  # the deepest depth is unknown yet: one epoch there
+        return cold if state.outstanding(deep) > epoch / 2 else deep
+    threshold = STAY if state.profile == deep else ENTER
+    return deep if gap.chance_faster >= threshold else cold
