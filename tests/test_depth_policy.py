@@ -20,8 +20,8 @@ DEPTHS = {"off": 0, "min": 2, "max": 3}
 SHORT = RequestClass("<4k", "prose")
 
 
-def one(in_flight: int = 0, *, decoding: dict[str, int] | None = None, **kw: object) -> Replica:
-    return Replica("m/one-copy", True, in_flight, 4, decoding=decoding or {}, **kw)  # type: ignore[arg-type]
+def one(in_flight: int = 0, **kw: object) -> Replica:
+    return Replica("m/one-copy", True, in_flight, 4, **kw)  # type: ignore[arg-type]
 
 
 def train(
@@ -97,12 +97,12 @@ def test_cold_alone_follows_the_design_card_rules() -> None:
 def test_cold_beside_others_does_not_draft() -> None:
     # Published runs: MTP -19 % to -30 % at 2-4 parallel requests. Mixed allowed, so the
     # newcomer is free to choose; what decodes there sets its load level.
-    d = run(500, replicas=[one(1, decoding={"max": 1})], mixed=True)
+    d = run(500, replicas=[one(1)], mixed=True)
     assert (d.profile, d.depth, d.level, d.reason) == ("off", 0, 2, "rule")
 
 
 def test_beside_others_a_request_gets_the_depth_of_the_busy_epoch() -> None:
-    d = run(500, "prose", replicas=[one(2, decoding={"off": 2}, busy_depth="max")])
+    d = run(500, "prose", replicas=[one(2, busy_depth="max")])
     assert (d.profile, d.depth, d.reason, d.level) == ("max", 3, "busy", 2)
     assert d.detail == "busy epoch of m/one-copy at max"
     # A model whose slots may mix depths chooses per request instead.
@@ -118,7 +118,7 @@ def test_a_recent_burst_counts_as_busy_and_an_idle_process_lets_the_request_choo
 
 
 def test_a_pin_wins_over_the_busy_epoch() -> None:
-    d = run(500, replicas=[one(2, decoding={"max": 2}, busy_depth="max")], pin="off")
+    d = run(500, replicas=[one(2, busy_depth="max")], pin="off")
     assert (d.profile, d.depth, d.reason) == ("off", 0, "pinned")
     assert run(500, pin="MIN").depth == 2
 
@@ -135,7 +135,7 @@ def test_learned_at_the_load_level_it_runs_at() -> None:
         train(stats, SHORT, profile, busy, level=2)
     alone_pick = run(500, stats=stats)
     assert (alone_pick.profile, alone_pick.reason, alone_pick.level) == ("max", "learned", 1)
-    busy_pick = run(500, replicas=[one(1, decoding={"min": 1})], stats=stats, mixed=True)
+    busy_pick = run(500, replicas=[one(1)], stats=stats, mixed=True)
     assert (busy_pick.profile, busy_pick.reason, busy_pick.level) == ("off", "learned", 2)
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from proxy.routing.classes import RequestClass, classify_tokens, load_level, neighbours
@@ -54,8 +54,6 @@ class Replica:
     in_flight: int
     slots: int
     holds_session: bool = False
-    decoding: Mapping[str, int] = field(default_factory=dict)
-    """Requests in flight on it, by the profile (depth) they were given."""
     recent_load: float = 1.0
     """Decayed mean of the requests decoding at its recent admissions (each counting itself)."""
     busy_depth: str | None = None

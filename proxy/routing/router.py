@@ -166,7 +166,6 @@ class Router:
                 b.in_flight,
                 b.slots,
                 b.name == holder,
-                dict(b.decoding),
                 b.recent_load,
                 self._busy_depth(b.name, per_request),
             )
