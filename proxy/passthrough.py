@@ -97,11 +97,8 @@ def _counted(
         started = time.perf_counter()
         response = await handler(request)
         model = request.get(LOG_FIELDS, {}).get("model", UNROUTED)
-        api = (
-            request.match_info.route.resource.canonical
-            if request.match_info.route.resource
-            else request.path
-        )
+        resource = request.match_info.route.resource
+        api = resource.canonical if resource is not None else request.path
         request.app[STATE].metrics.record_unrouted(
             api, response.status, time.perf_counter() - started, model=model
         )
