@@ -233,7 +233,7 @@ async def test_depth_0_in_an_mtp_process_pays_a_few_percent(http: aiohttp.Client
 
 
 async def neighbour_pair(
-    http: aiohttp.ClientSession, sim: Sim, neighbour_depth: int, bursts: int = 4
+    http: aiohttp.ClientSession, sim: Sim, neighbour_depth: int, bursts: int = 8
 ) -> float:
     """Mean decode tok/s of a depth-3 request while a second one decodes at neighbour_depth."""
     speeds = []
