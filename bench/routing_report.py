@@ -131,14 +131,49 @@ def table(preset: str, summaries: dict[str, dict[str, Any]], rat: dict[str, Any]
             f"{s['latency_mean_s']:9.1f} {s['latency_p95_s']:9.1f} {s['requests']:4d} "
             f"{s['errors']:3d}  {mix}"
         )
+    return "\n".join([*lines, *_ratio_lines(rat)])
+
+
+def _ratio_lines(rat: dict[str, Any]) -> list[str]:
     shown = {k: v for k, v in rat.items() if v is not None and k != "meets_targets"}
     shown.pop("oracle_tok_s", None)
-    lines.append(
+    lines = [
         "  ".join(f"{k} {v}" for k, v in shown.items())
         or "(no ratios: adaptive, oracle or static missing)"
-    )
+    ]
     if rat.get("meets_targets") is not None:
         lines.append(f"targets met: {'yes' if rat['meets_targets'] else 'NO'}")
+    return lines
+
+
+def mean_report(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per preset, over runs (each ``{preset: {"policies": {policy: summary}, ...}}``, of one
+    trace or several): how many runs, each policy's mean goodput, and the ratios of those means.
+
+    Ratios of the means, not means of each run's ratios: the oracle is a max over noisy rows, and
+    taking it run by run would pick whichever row was lucky in that run (an oracle biased upwards
+    by the noise); on the means it is the row that is best on average. Only policies present in
+    every run are averaged."""
+    out: dict[str, dict[str, Any]] = {}
+    for preset in runs[0]:
+        entries = [run[preset]["policies"] for run in runs if preset in run]
+        names = [p for p in entries[0] if all(p in e for e in entries)]
+        goodput = {p: sum(e[p]["goodput_tok_s"] for e in entries) / len(entries) for p in names}
+        out[preset] = {
+            "runs": len(entries),
+            "goodput_tok_s": goodput,
+            "ratios": ratios({p: {"goodput_tok_s": g} for p, g in goodput.items()}),
+        }
+    return out
+
+
+def mean_table(title: str, mean: dict[str, dict[str, Any]]) -> str:
+    """The mean over runs, per preset: each policy's mean goodput, then the ratios of the means."""
+    lines: list[str] = []
+    for preset, entry in mean.items():
+        lines.append(f"mean of {entry['runs']} runs, {preset}, {title} (goodput, tok/s)")
+        lines += [f"  {name:<12} {g:8.2f}" for name, g in entry["goodput_tok_s"].items()]
+        lines += _ratio_lines(entry["ratios"])
     return "\n".join(lines)
 
 

@@ -6,14 +6,16 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomli_w
 
 from bench import trace_gen
+from bench.routing import load_trace, trace_names
 from bench.routing_reference import HindsightPin, hindsight, load_level
 from bench.routing_replay import Outcome
-from bench.routing_report import PolicyRun, ratios
+from bench.routing_report import PolicyRun, mean_report, mean_table, ratios
 from bench.routing_topology import BenchConfig, proxy_config
 from bench.routing_trace import (
     PATHS,
@@ -291,6 +293,7 @@ def test_benchmark_smoke_run(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert (report["requests"], report["topology"]) == (len(trace), SMOKE_TOPOLOGY)
+    assert report["trace"] == str(path) and "mean" not in report  # one run: nothing to average
     entry = report["runs"][0]["setup-b"]
     policies = entry["policies"]
     assert set(policies) == set(SMOKE_POLICIES)
@@ -335,3 +338,95 @@ def test_hindsight_on_a_pool_needs_the_same_hardware(capsys: pytest.CaptureFixtu
         main(["--topology", "pool", "--policies", "static:off,hindsight"])
     assert exit_.value.code == 2
     assert "--static-pool shared" in capsys.readouterr().err
+
+
+def test_a_trace_name_picks_another_seed_of_a_generator() -> None:
+    assert load_trace("default:2") == trace_gen.default_trace(2) != trace_gen.default_trace()
+    assert load_trace("concurrent:1") == trace_gen.concurrent_trace(1)
+    assert load_trace(f"default:{trace_gen.DEFAULT_SEED}") == load_trace("default")
+    assert trace_names("default, default:2,,concurrent:1") == [
+        "default",
+        "default:2",
+        "concurrent:1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("default:x", "whole number"),
+        ("concurrent:-1", "whole number"),
+        ("default:", "whole number"),
+        ("shift:2", "neither default, concurrent"),
+        ("default,no-such-trace.jsonl", "'no-such-trace.jsonl'"),
+        ("default:2,default:2", "given twice"),
+        (",", "no trace"),
+    ],
+)
+def test_a_bad_trace_name_is_a_usage_error(
+    value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench.routing import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--trace", value])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def _runs(*goodputs: dict[str, float]) -> list[dict[str, Any]]:
+    return [
+        {"setup-a": {"policies": {p: {"goodput_tok_s": g} for p, g in run.items()}}}
+        for run in goodputs
+    ]
+
+
+def test_the_mean_gives_the_ratios_of_the_mean_goodputs() -> None:
+    # a different static row is best in each run, and adaptive misses 0.97x of it in the first;
+    # over both, depth max is the better static (12 against 11) and adaptive beats it
+    runs = _runs(
+        {"static:off": 10.0, "static:max": 14.0, "adaptive": 13.0, "greedy": 12.0, "pool": 30.0},
+        {"static:off": 12.0, "static:max": 10.0, "adaptive": 12.0, "greedy": 11.0},
+    )
+    per_run = [ratios(run["setup-a"]["policies"]) for run in runs]
+    assert [r["meets_targets"] for r in per_run] == [False, True]
+    mean = mean_report(runs)["setup-a"]
+    assert mean["runs"] == 2
+    # pool ran only once: left out rather than averaged over one run
+    assert mean["goodput_tok_s"] == pytest.approx(
+        {"static:off": 11.0, "static:max": 12.0, "adaptive": 12.5, "greedy": 11.5}
+    )
+    r = mean["ratios"]
+    assert (r["best_static"], r["oracle"]) == ("static:max", "static:max")
+    assert r["adaptive_vs_oracle"] == pytest.approx(12.5 / 12, abs=1e-4)  # not the runs' mean
+    assert r["meets_targets"] is True
+    text = mean_table("trace default", mean_report(runs))
+    assert "mean of 2 runs, setup-a, trace default" in text
+    assert "adaptive        12.50" in text and "targets met: yes" in text
+
+
+def test_benchmark_runs_several_traces_and_reports_the_mean(tmp_path: Path) -> None:
+    paths = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+    traces = [trace_gen.tiny_concurrent_trace(), trace_gen.tiny_concurrent_trace(8)]
+    for path, trace in zip(paths, traces, strict=True):
+        write_trace(Path(path), trace)
+    argv = [sys.executable, "-m", "bench.routing", "--trace", ",".join(paths), "--repeat", "2"]
+    argv += ["--preset", "setup-b", "--time-scale", "200", "--json"]
+    argv += ["--policies", "static:off,adaptive"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert list(report["traces"]) == paths
+    goodputs: list[dict[str, float]] = []
+    for path, trace in zip(paths, traces, strict=True):
+        one = report["traces"][path]  # what --trace with that trace alone prints
+        assert (one["trace"], one["requests"], len(one["runs"])) == (path, len(trace), 2)
+        assert one["mean"]["setup-b"]["runs"] == 2
+        for run in one["runs"]:
+            goodputs.append({p: s["goodput_tok_s"] for p, s in run["setup-b"]["policies"].items()})
+            assert run["setup-b"]["policies"]["adaptive"]["requests"] == len(trace)
+    mean = report["mean"]["setup-b"]
+    assert mean["runs"] == 4
+    expected = {p: sum(g[p] for g in goodputs) / 4 for p in ("static:off", "adaptive")}
+    assert mean["goodput_tok_s"] == pytest.approx(expected)
+    assert mean["ratios"] == ratios({p: {"goodput_tok_s": g} for p, g in expected.items()})
