@@ -62,6 +62,7 @@ class Exchange:
         request[LOGGED] = True  # every way out of an exchange writes the request's line
         self.own_depth = DEPTH_KEY in body  # the client chose its depth: it is not replaced
         self.ran_mixed = False  # decoded beside another depth on its process (not learned from)
+        self.single_depth_s = 0.0  # ... and how long it ran busy beside its own depth only
         self.failed: dict[str, int] = {}  # backend -> generation that failed before answering
 
     @functools.cached_property
@@ -182,10 +183,12 @@ class Exchange:
         with state.pool.lease(backend, route.profile):
             self.sequence = sequence = backend.started_total
             self.sent_at = sent_at = time.perf_counter()
+            one_depth_from = backend.single_depth_seconds(route.profile)
             response = await open_upstream(state.client(), url, body, headers, state.timeouts)
             async with response:
                 out, relayed = await self._relay(response, route)
             self.ran_mixed = backend.ran_mixed(mark)
+            self.single_depth_s = backend.single_depth_seconds(route.profile) - one_depth_from
         if relayed.status < 400:  # errors go back through the middleware that reshapes them
             await self._send(out)
         done_at = time.perf_counter()
@@ -295,6 +298,7 @@ class Exchange:
             # A per-request depth is learned from runs at that depth alone: beside another
             # depth the speed is the mix's (routing.depth).
             learn=route.depth is None or not (self.own_depth or self.ran_mixed),
+            single_depth_s=0.0 if self.own_depth else self.single_depth_s,
         )
         self.state.metrics.record_observation(self.model, route.profile, observation)
         return observation

@@ -7,8 +7,9 @@ uses them to spill load, and the supervisor reads them to drain a backend before
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -39,6 +40,11 @@ class BackendSlot:
     starts beside another profile, ran at mixed depths (see ``ran_mixed``)."""
     generation: int = 0
     """Times it became ready: a request that failed on one process may try its successor."""
+    clock: Callable[[], float] = time.perf_counter
+    busy_at_one_depth: dict[str, float] = field(default_factory=dict)
+    """Seconds it spent busy at one profile only (two or more requests decoding, every one at
+    that profile), up to ``_since``: see ``single_depth_seconds``."""
+    _since: float = 0.0
 
     @property
     def ready(self) -> bool:
@@ -62,6 +68,37 @@ class BackendSlot:
         its speed then says little about its own depth (the step ran an extra pass for the
         other depth, or the other's drafting rode on it)."""
         return mark is None or mark != self.depth_mixes
+
+    def single_depth_seconds(self, profile: str) -> float:
+        """A clock that runs while this process is busy at ``profile`` only. A request reads it
+        at its start and end: the difference is how long its run showed what ``profile``
+        achieves under load, whether the request itself was fast or slow (routing.busy)."""
+        return self.busy_at_one_depth.get(profile, 0.0) + self._open_span(profile, self.clock())
+
+    def begin(self, profile: str) -> None:
+        """A request at ``profile`` starts here."""
+        if self.beside_other(profile):
+            self.depth_mixes += 1
+        self._settle()
+        self.decoding[profile] += 1
+
+    def end(self, profile: str) -> None:
+        self._settle()
+        self.decoding[profile] -= 1
+        if self.decoding[profile] <= 0:
+            del self.decoding[profile]
+
+    def _open_span(self, profile: str, now: float) -> float:
+        at_one_depth = len(self.decoding) == 1 and self.decoding[profile] >= 2
+        return now - self._since if at_one_depth else 0.0
+
+    def _settle(self) -> None:
+        """Close the span so far: the set of decoding requests is about to change."""
+        now = self.clock()
+        for profile in self.decoding:
+            spent = self.busy_at_one_depth.get(profile, 0.0)
+            self.busy_at_one_depth[profile] = spent + self._open_span(profile, now)
+        self._since = now
 
     @property
     def coming_back(self) -> bool:
@@ -115,13 +152,9 @@ class BackendPool:
         slot.in_flight += 1
         slot.started_total += 1
         profile = profile or slot.profile
-        if slot.beside_other(profile):
-            slot.depth_mixes += 1
-        slot.decoding[profile] += 1
+        slot.begin(profile)
         try:
             yield slot
         finally:
             slot.in_flight -= 1
-            slot.decoding[profile] -= 1
-            if slot.decoding[profile] <= 0:
-                del slot.decoding[profile]
+            slot.end(profile)

@@ -1,23 +1,27 @@
 """The depth a busy process runs at (routing.busy): cold first, one epoch at the deepest depth,
-then the likely faster one, with hysteresis; speeds compared class by class. Plain values in."""
+then the likely faster one, with hysteresis, measuring the deepest again while the comparison is
+open; speeds weighted by time, counted in requests, compared class by class. Plain values in."""
 
 from __future__ import annotations
 
 import math
 
-from proxy.routing.busy import FULL_WEIGHT_TOKENS, BusyDepths, next_busy_depth
+import pytest
+
+from proxy.routing.busy import BusyDepths, LogSpeed, next_busy_depth
 from proxy.routing.classes import RequestClass
 
 SHORT = RequestClass("<4k", "prose")
 LONG = RequestClass("32k+", "code")
 EPOCH = 8
+SECONDS = 10.0  # each request's time at one depth
 
 
 def measured(runs: dict[tuple[RequestClass, str], list[float]]) -> BusyDepths:
     state = BusyDepths()
     for (cls, profile), speeds in runs.items():
         for speed in speeds:
-            state.observe(cls, profile, speed, FULL_WEIGHT_TOKENS, decay=1.0)
+            state.observe(cls, profile, speed, SECONDS, decay=1.0)
     return state
 
 
@@ -29,11 +33,23 @@ def test_cold_until_the_cold_depth_has_its_samples() -> None:
     state = BusyDepths()
     assert pick(state) == "off"
     for _ in range(3):
-        state.observe(SHORT, "off", 30.0, FULL_WEIGHT_TOKENS, decay=1.0)
-    state.observe(SHORT, "off", 30.0, FULL_WEIGHT_TOKENS // 4, decay=1.0)  # a short answer
-    assert state.samples("off") == 3.25 and pick(state) == "off"
-    state.observe(SHORT, "off", 30.0, 10_000, decay=1.0)  # a long one counts once
-    assert pick(state) == "max"  # known: now one epoch at the deepest depth
+        state.observe(SHORT, "off", 30.0, SECONDS, decay=1.0)
+    state.observe(SHORT, "off", 30.0, 100 * SECONDS, decay=1.0)  # long, but one request
+    assert round(state.samples("off"), 2) == 1.06 and pick(state) == "off"
+    for _ in range(3):
+        state.observe(SHORT, "off", 30.0, 100 * SECONDS, decay=1.0)
+    assert round(state.samples("off"), 2) == 4.06 and pick(state) == "max"  # known: one epoch
+
+
+def test_a_longer_run_at_one_depth_weighs_more_in_the_mean_but_is_one_request() -> None:
+    state = BusyDepths()
+    state.observe(SHORT, "max", 20.0, SECONDS, decay=1.0)
+    state.observe(SHORT, "max", 40.0, 3 * SECONDS, decay=1.0)
+    cell = state.speeds[(SHORT.label, "max")]
+    assert math.exp(cell.mean) == pytest.approx(20.0**0.25 * 40.0**0.75)  # time-weighted
+    assert cell.requests == pytest.approx(1.6)  # (10 + 30)^2 / (10^2 + 30^2)
+    state.observe(SHORT, "max", 30.0, 0.0, decay=1.0)  # no time at one depth: says nothing
+    assert cell.requests == pytest.approx(1.6)
 
 
 def test_the_deepest_depth_is_not_tried_again_while_its_epoch_is_out() -> None:
@@ -49,15 +65,23 @@ def test_enter_the_deepest_depth_when_likely_faster_and_leave_when_likely_slower
     state = measured(near)
     assert 0.5 < state.gap("max", "off").chance_faster < 0.8
     state.profile = "off"
-    assert pick(state) == "off"  # not clearly faster: stay where it is (a switch costs a mix)
+    assert pick(state) == "max"  # open, on 4 requests each: measured once more
+    state.sent["max"] = EPOCH
+    assert pick(state) == "off"  # ... but not while that epoch is out
     state.profile = "max"
     assert pick(state) == "max"
+    settled = measured({key: speeds * 2 for key, speeds in near.items()})
+    settled.profile = "off"
+    assert 0.5 < settled.gap("max", "off").chance_faster < 0.8
+    assert pick(settled) == "off"  # on 8 each, not clearly faster: stay (a switch costs a mix)
     clear = measured({**near, (SHORT, "max"): [40.0, 44.0, 37.0, 41.0]})
     clear.profile = "off"
     assert clear.gap("max", "off").chance_faster > 0.8 and pick(clear) == "max"
     slower = measured({**near, (SHORT, "max"): [24.0, 26.0, 22.0, 24.0]})
     slower.profile = "max"
-    assert slower.gap("max", "off").chance_faster < 0.5 and pick(slower) == "off"
+    assert slower.gap("max", "off").chance_faster < 0.2 and pick(slower) == "off"
+    slower.profile = "off"
+    assert pick(slower) == "off"  # clearly slower, even on few requests: not measured again
 
 
 def test_depths_are_compared_class_by_class() -> None:
@@ -81,3 +105,11 @@ def test_depths_are_compared_class_by_class() -> None:
 def test_one_depth_only_is_always_that_depth() -> None:
     state = measured({(SHORT, "off"): [30.0] * 10})
     assert next_busy_depth(state, "off", "off", min_samples=4, epoch=EPOCH) == "off"
+
+
+def test_equal_speeds_have_no_spread_whatever_rounding_leaves() -> None:
+    cell = LogSpeed()
+    for _ in range(2):
+        cell.add(3.735, 2.5, decay=1.0)
+    assert cell.m2 < 0  # rounding: -4e-15, whose square root raised in the router's hot path
+    assert cell.sd == 0.0

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
+from dataclasses import replace
+
+import pytest
 
 from proxy.pool import BackendPool
+from proxy.routing.busy import BusyDepths
 from proxy.routing.features import RequestFeatures
 from proxy.routing.router import PerRequestModel, Route, Router
 from proxy.routing.settings import RoutingSettings
@@ -241,11 +246,77 @@ def test_a_request_ran_mixed_if_another_depth_decoded_at_any_time_of_its_run() -
     assert not backend.ran_mixed(after)  # the mix was over before it started
 
 
-def test_a_busy_epoch_lasts_its_admissions_and_learns_from_single_depth_runs() -> None:
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_single_depth_clock_runs_only_while_the_process_is_busy_at_that_depth() -> None:
+    router = _one_process_router(RoutingSettings())
+    backend = router.pool.of_model("m")[0]
+    backend.clock = clock = _Clock()
+    pool = router.pool
+    with pool.lease(backend, "max"):
+        clock.now = 5.0  # alone: not busy
+        with pool.lease(backend, "max"):
+            clock.now = 8.0  # two at max
+            assert backend.single_depth_seconds("max") == 3.0
+            with pool.lease(backend, "off"):
+                clock.now = 20.0  # mixed: neither depth's clock runs
+            assert backend.single_depth_seconds("off") == 0.0
+            clock.now = 21.0
+        clock.now = 30.0  # alone again
+    assert backend.single_depth_seconds("max") == 4.0
+
+
+def test_busy_learning_weighs_runs_by_their_time_at_one_depth_not_by_how_fast_they_ended() -> None:
+    """Two requests start together in a deep epoch; the fast one ends inside it, the slow one
+    runs on after the process went back to off. Learning only from runs that stayed at one depth
+    throughout kept the fast one alone, so the deep depth looked faster than it was."""
+    router = _one_process_router(RoutingSettings(half_life_samples=1e12))  # no decay here
+    backend = router.pool.of_model("m")[0]
+    backend.clock = clock = _Clock()
+    router._busy[backend.name] = state = BusyDepths()
+    features = _features("x")
+    fast = slow = router.route("m", features, exclude=())
+    assert fast is not None and slow is not None
+    fast, slow = replace(fast, profile="max", depth=3), replace(slow, profile="max", depth=3)
+
+    def usage(tokens: int, seconds: float) -> ParsedUsage:
+        return ParsedUsage(
+            has_timings=True, prompt_n=500, predicted_n=tokens, predicted_ms=seconds * 1000
+        )
+
+    slow_lease = router.pool.lease(backend, "max")
+    slow_lease.__enter__()
+    slow_from = backend.single_depth_seconds("max")
+    with router.pool.lease(backend, "max"):
+        fast_from = backend.single_depth_seconds("max")
+        clock.now = 10.0
+        fast_s = backend.single_depth_seconds("max") - fast_from
+    router.observe(fast, features, usage(400, 10.0), sent_at=0, done_at=10, single_depth_s=fast_s)
+    with router.pool.lease(backend, "off"):  # the next epoch: off beside the slow one
+        clock.now = 30.0
+        slow_s = backend.single_depth_seconds("max") - slow_from
+    slow_lease.__exit__(None, None, None)
+    router.observe(
+        slow, features, usage(600, 30.0), sent_at=0, done_at=30, single_depth_s=slow_s, learn=False
+    )
+    # Both spent the same 10 s at max only: they weigh alike, at their own speeds (40 and 20).
+    cell = state.speeds[(fast.request_class.label, "max")]
+    assert cell.weight == pytest.approx(2 * 10.0) and cell.requests == pytest.approx(2.0)
+    assert math.exp(cell.mean) == pytest.approx(math.sqrt(40 * 20))
+
+
+def test_a_busy_epoch_lasts_its_admissions_and_learns_from_time_at_one_depth() -> None:
     settings = RoutingSettings(busy_epoch_admissions=3, min_samples=2)
     router = _one_process_router(settings)
     backend = router.pool.of_model("m")[0]
-    usage = ParsedUsage(has_timings=True, prompt_n=500, predicted_n=300, predicted_ms=10_000.0)
+    # 256 tokens at 25.6 tok/s: 10 s of decoding.
+    usage = ParsedUsage(has_timings=True, prompt_n=500, predicted_n=256, predicted_ms=10_000.0)
     with router.pool.lease(backend, "off"):
         routes = [router.route("m", _features(f"s{n}"), exclude=()) for n in range(3)]
         assert [(r.profile, r.reason) for r in routes if r] == [("off", "busy")] * 3
@@ -253,20 +324,27 @@ def test_a_busy_epoch_lasts_its_admissions_and_learns_from_single_depth_runs() -
         assert (state.left, state.sent["off"]) == (0, 3)
         for route in routes:
             assert route is not None
-            # Each ran beside the held one and the next: level 2, one depth throughout.
-            with router.pool.lease(backend, route.profile):
-                pass
-            router.observe(route, _features("x"), usage, sent_at=0.0, done_at=12.0)
-        assert state.finished["off"] == 3 and round(state.samples("off"), 1) == 3.0  # decayed
+            # Each ran its 10 s with the process busy at off only: one whole sample.
+            router.observe(
+                route, _features("x"), usage, sent_at=0.0, done_at=12.0, single_depth_s=10.0
+            )
+        assert state.finished["off"] == 3 and round(state.samples("off"), 1) == 3.0
         # The cold depth is known: the next epoch tries the deepest one.
         nxt = router.route("m", _features("next"), exclude=())
         assert nxt is not None and (nxt.profile, nxt.reason) == ("max", "busy")
         assert router.snapshot()["busy"][backend.name] == {
             "profile": "max",
             "left": 2,
-            "samples": {"off": 2.96},
+            "samples": {"off": 3.0},  # requests (decay aside)
             "outstanding": {"max": 1, "off": 0},
         }
-        # A run that was not single-depth is counted as finished but not learned from.
+        # Half its run beside another depth (or alone): it weighs its 5 s; none of it: nothing.
+        router.observe(nxt, _features("x"), usage, sent_at=0.0, done_at=12.0, single_depth_s=5.0)
+        (cell,) = (c for (_, p), c in state.speeds.items() if p == "max")
+        assert state.finished["max"] == 1 and cell.weight == 5.0
         router.observe(nxt, _features("x"), usage, sent_at=0.0, done_at=12.0, learn=False)
-        assert state.finished["max"] == 1 and state.samples("max") == 0.0
+        assert state.finished["max"] == 2 and cell.weight == 5.0
+        # A run at one depth throughout weighs its decoding time (10 s), not its prefill.
+        router.observe(nxt, _features("x"), usage, sent_at=0.0, done_at=60.0, single_depth_s=60.0)
+        decay = 0.5 ** (1 / settings.half_life_samples)
+        assert cell.weight == pytest.approx(5.0 * decay + 10.0)

@@ -14,12 +14,23 @@ admissions), and each epoch's depth is chosen from what the process achieved at 
 3. then the deepest depth while it is likely faster: entered when the chance that it is faster
    is above ``ENTER``, left when it falls below ``STAY``. The gap between the two keeps the
    process from flip-flopping between two close depths: each switch makes both depths decode
-   side by side until the old requests finish, which costs more than either depth does.
+   side by side until the old requests finish, which costs more than either depth does. While
+   the comparison is still open (a chance between ``DROP`` and ``ENTER`` on few requests), the
+   deepest depth gets another epoch now and then: otherwise one unlucky early epoch would rule
+   it out for good, since a process that stays cold measures only the cold depth.
 
-What a depth achieved is the decode speed of requests that ran at that depth throughout (no
-other depth beside them at any time), as log speed, compared class by class (context size and
-content kind): an epoch of long agent prompts and one of short chats are not compared with each
-other, only requests of one class are. Short answers weigh less: a few steps say little.
+What a depth achieved is the decode speed of the requests that ran at it while the process was
+busy at that depth only, as log speed, each weighted by how long it ran so (the pool's
+single-depth clock): the time-weighted mean speed of a slot, which is what the process's
+throughput is made of. Weighting by time, rather than keeping only the runs that stayed at one
+depth throughout, matters: of the requests of a short epoch, those that finish before the next
+epoch's depth joins them are the fast ones, so that filter measured the deep depth on setup-b
+10 % faster than the cold one when it was 20 % slower. How sure a comparison is counts
+requests, not seconds (a long run is still one request's speed). Speeds are compared class by
+class (context size and content kind): an epoch of long agent prompts and one of short chats
+are not compared with each other, only requests of one class are. (Comparing load level by
+level too, 2-3 apart from 4+ decoding, was tried: the cells filled slower, and on one seed of
+the default trace setup-b went to depth 3 for 88-127 of 159 requests.)
 
 Pure: the state is data, the choice is a function of it.
 """
@@ -36,30 +47,44 @@ ENTER = 0.8
 """Probability that the deepest depth is faster, above which a cold process moves to it."""
 STAY = 0.5
 """... below which a process at the deepest depth goes back."""
+DROP = 0.2
+"""... and below which a process at the cold depth stops measuring the deepest one; between
+the two, it measures it again (one epoch at a time) until the comparison rests on ``DECIDED``
+times ``min_samples`` requests: an early comparison rests on a few requests of a few classes."""
+DECIDED = 2
 MIN_SD = 0.15
 """Floor of a class's log-speed spread: a few similar requests must not look certain."""
-FULL_WEIGHT_TOKENS = 256
-"""An answer this long (or longer) counts as one whole sample; shorter ones in proportion."""
 
 
 @dataclass(slots=True)
 class LogSpeed:
-    """A decayed, weighted mean and spread of log decode speeds."""
+    """A decayed, weighted mean and spread of log decode speeds, and how many requests' worth of
+    evidence they are."""
 
     weight: float = 0.0
+    weight2: float = 0.0
+    """The sum of the squared weights (decayed alike): for ``requests``."""
     mean: float = 0.0
     m2: float = 0.0
 
     def add(self, value: float, weight: float, decay: float) -> None:
         self.weight = self.weight * decay + weight
+        self.weight2 = self.weight2 * decay**2 + weight**2
         self.m2 *= decay
         delta = value - self.mean
         self.mean += weight * delta / self.weight
         self.m2 += weight * delta * (value - self.mean)
 
     @property
+    def requests(self) -> float:
+        """The effective number of requests behind the mean (Kish): a long run weighs more in
+        the mean, but it is still one request's speed, not several."""
+        return self.weight**2 / self.weight2 if self.weight2 > 0 else 0.0
+
+    @property
     def sd(self) -> float:
-        return math.sqrt(self.m2 / self.weight) if self.weight > 1.0 else math.inf
+        # max: rounding can leave m2 a hair below zero
+        return math.sqrt(max(self.m2, 0.0) / self.weight) if self.requests > 1.0 else math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,23 +114,24 @@ class BusyDepths:
     left: int = 0
     """Admissions left in the current epoch."""
     speeds: dict[tuple[str, str], LogSpeed] = field(default_factory=dict)
-    """(class label, profile) -> log decode speed of single-depth runs while busy."""
+    """(class label, profile) -> log decode speed while busy at that profile only."""
     sent: Counter[str] = field(default_factory=Counter)
     """Busy admissions per profile."""
     finished: Counter[str] = field(default_factory=Counter)
     """... and how many of them have finished (learned from or not)."""
 
     def observe(
-        self, cls: RequestClass, profile: str, decode_tok_s: float, tokens: int, decay: float
+        self, cls: RequestClass, profile: str, decode_tok_s: float, seconds: float, decay: float
     ) -> None:
-        """A request that decoded at ``profile`` throughout, beside others."""
-        if decode_tok_s > 0 and tokens > 0:
-            weight = min(tokens, FULL_WEIGHT_TOKENS) / FULL_WEIGHT_TOKENS
+        """A request at ``profile`` that decoded at ``decode_tok_s`` on average, ``seconds`` of
+        it while the process was busy at ``profile`` only."""
+        if decode_tok_s > 0 and seconds > 0:
             cell = self.speeds.setdefault((cls.label, profile), LogSpeed())
-            cell.add(math.log(decode_tok_s), weight, decay)
+            cell.add(math.log(decode_tok_s), seconds, decay)
 
     def samples(self, profile: str) -> float:
-        return sum(e.weight for (_, p), e in self.speeds.items() if p == profile)
+        """How many requests' worth of speeds the process has at ``profile``."""
+        return sum(e.requests for (_, p), e in self.speeds.items() if p == profile)
 
     def outstanding(self, profile: str) -> int:
         return self.sent[profile] - self.finished[profile]
@@ -120,13 +146,14 @@ class BusyDepths:
         }
 
     def gap(self, profile: str, reference: str) -> Gap:
-        """``profile`` against ``reference``, class by class, weighted by the smaller sample."""
+        """``profile`` against ``reference``, class by class, each weighted by the smaller of
+        its two samples (in requests)."""
         total = weight = variance = 0.0
         for (label, p), own in self.speeds.items():
             other = self.speeds.get((label, reference))
             if p != profile or other is None:
                 continue
-            w = min(own.weight, other.weight)
+            w = min(own.requests, other.requests)
             spread = max((s for s in (own.sd, other.sd) if math.isfinite(s)), default=MIN_SD)
             total += w * (own.mean - other.mean)
             variance += w * spread**2
@@ -143,5 +170,10 @@ def next_busy_depth(state: BusyDepths, cold: str, deep: str, min_samples: int, e
     gap = state.gap(deep, cold)
     if gap.weight < min_samples / 2:  # the deepest depth is unknown yet: one epoch there
         return cold if state.outstanding(deep) > epoch / 2 else deep
-    threshold = STAY if state.profile == deep else ENTER
-    return deep if gap.chance_faster >= threshold else cold
+    chance = gap.chance_faster
+    if state.profile == deep:
+        return deep if chance >= STAY else cold
+    if chance >= ENTER:
+        return deep
+    undecided = chance > DROP and gap.weight < DECIDED * min_samples
+    return deep if undecided and state.outstanding(deep) <= epoch / 2 else cold

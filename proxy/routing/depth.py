@@ -28,7 +28,7 @@ replica plus itself, or the replica's recent concurrency if higher (so the first
 burst is counted busy too). The statistics learn only from requests that decoded at one depth
 throughout (the router's caller drops the others): a drafter among plain requests decodes almost
 for free while they pay its extra pass, so its speed, and theirs, describe the mix and not the
-depth.
+depth. (The busy epochs weigh every request by its time at one depth instead: routing.busy.)
 """
 
 from __future__ import annotations

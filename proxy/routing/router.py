@@ -312,9 +312,12 @@ class Router:
         done_at: float,
         spec_delta: SpecCounters | None = None,
         learn: bool = True,
+        single_depth_s: float = 0.0,
     ) -> Observation:
         """The request's observation; learned from unless ``learn`` is False (it ran at a
-        depth the client set itself, which is not its route's profile)."""
+        depth the client set itself, which is not its route's profile, or beside another
+        depth). ``single_depth_s``: how long it ran while its process was busy at its depth only
+        (what the busy epochs learn from, routing.busy)."""
         self._caches.release(route.backend.name, route.cache_key)
         scale = self.settings.clock_scale
         if scale != 1.0:  # every clock reading is scaled: their differences scale alike
@@ -336,6 +339,11 @@ class Router:
         busy = self._busy.get(route.backend.name) if route.depth is not None else None
         if busy is not None and route.reason == "busy":
             busy.finished[route.profile] += 1
+        speed = observation.decode_tok_s
+        if busy is not None and self.settings.learning and speed and observation.output_tokens:
+            # Its time at one depth, of which no more than it spent decoding (not its prefill).
+            seconds = min(single_depth_s * scale, observation.output_tokens / speed)
+            busy.observe(route.request_class, route.profile, speed, seconds, self._busy_decay)
         if not self.settings.learning or not learn:
             return observation
         # The load over the request's life: the mean of the others in flight when it was sent
@@ -351,14 +359,6 @@ class Router:
             load=load,
             level=level,
         )
-        if busy is not None and level > 1 and observation.decode_tok_s:
-            busy.observe(
-                route.request_class,
-                route.profile,
-                observation.decode_tok_s,
-                observation.output_tokens or 0,
-                self._busy_decay,
-            )
         if observation.context_tokens:
             self.stats.calibrator.observe(features, observation.context_tokens)
         return observation
