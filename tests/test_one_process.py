@@ -253,3 +253,44 @@ async def test_requests_that_decoded_beside_another_depth_are_not_learned_from(
     classes = {row["request_class"] for row in routing["learned"]}
     assert "<4k/prose@1" in classes, classes  # the lone request is learned
     assert not any(c.startswith("4k-16k/") for c in classes), classes
+
+
+async def test_the_busy_epochs_learn_from_time_at_one_depth_only(
+    fresh_one_process: ProxyProcess,
+) -> None:
+    """Requests decoding beside another depth teach the busy epochs nothing; requests decoding
+    beside their own depth teach them, each by its time so (the pool's single-depth clock),
+    unless the client set the depth itself."""
+    proxy = fresh_one_process
+
+    def busy_samples() -> dict[str, float]:
+        status, routing = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
+        assert status == 200
+        samples: dict[str, float] = routing["busy"][BACKEND]["samples"]
+        return samples
+
+    async with aiohttp.ClientSession() as session:
+        await send(session, proxy, "chat", f"{SHORT} first")  # routed: the process's epochs
+        mixed = (
+            send(session, proxy, "chat", f"{SHORT} {n}", pin=pin, max_tokens=160)
+            for n, pin in enumerate(("off", "max"))
+        )
+        await asyncio.gather(*mixed)
+        assert busy_samples() == {}
+        same = (
+            send(session, proxy, "chat", f"{SHORT} same {n}", pin="max", max_tokens=160)
+            for n in range(3)
+        )
+        await asyncio.gather(*same)
+        samples = busy_samples()
+        assert set(samples) == {"max"} and samples["max"] > 1.5, samples
+
+        async def own_depth(n: int) -> None:  # routed to max, run at the client's depth 1
+            request = {**body("chat", f"{SHORT} own {n}", 160), "speculative.n_max": 1}
+            async with session.post(
+                proxy.url + PATHS["chat"], json=request, headers={"X-MTP-Profile": "max"}
+            ) as response:
+                assert response.status == 200
+
+        await asyncio.gather(*(own_depth(n) for n in range(3)))
+    assert busy_samples() == samples  # their speed is depth 1's, not max's
