@@ -4,12 +4,16 @@ open; speeds weighted by time, counted in requests, compared class by class. Pla
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
 from proxy.routing.busy import BusyDepths, LogSpeed, next_busy_depth
 from proxy.routing.classes import RequestClass
+from proxy.routing.settings import RoutingSettings
+from proxy.routing.stats import LearnedStats
 
 SHORT = RequestClass("<4k", "prose")
 LONG = RequestClass("32k+", "code")
@@ -113,3 +117,33 @@ def test_equal_speeds_have_no_spread_whatever_rounding_leaves() -> None:
         cell.add(3.735, 2.5, decay=1.0)
     assert cell.m2 < 0  # rounding: -4e-15, whose square root raised in the router's hot path
     assert cell.sd == 0.0
+
+
+AGENT = RequestClass("64k+", "code")  # a class of the default buckets
+
+
+def test_what_a_process_measured_busy_survives_a_restart(tmp_path: Path) -> None:
+    settings = RoutingSettings(min_samples=4)
+    stats = LearnedStats(settings)
+    stats.busy["m/one-copy"] = measured(
+        {(SHORT, "off"): [30.0] * 6, (SHORT, "max"): [40.0] * 6, (AGENT, "off"): [12.0] * 6}
+    )
+    stats.busy["m/one-copy"].profile, stats.busy["m/one-copy"].left = "max", 3
+    stats.busy["m/two"] = measured({(SHORT, "off"): [30.0]})
+    path = tmp_path / "learned.json"
+    stats.save(path)
+    loaded = LearnedStats.load(path, settings)
+    assert loaded.load_report == "loaded 0 cells"
+    state = loaded.busy["m/one-copy"]
+    assert state.speeds == stats.busy["m/one-copy"].speeds
+    assert (state.profile, state.left) == (None, 0)  # the epoch was the old process's
+    assert pick(state) == "max"  # no cold epochs again: it knows max is faster when busy
+
+    narrower = RoutingSettings(min_samples=4, context_buckets=[4096])  # no "64k+" any more
+    assert LearnedStats.load(path, narrower).load_report == "loaded 0 cells, dropped 1"
+
+    state_json = json.loads(path.read_bytes())
+    state_json["busy"]["m/two"][0]["weight"] = -1.0  # read after m/one-copy: all or nothing
+    path.write_text(json.dumps(state_json))
+    broken = LearnedStats.load(path, settings)
+    assert broken.load_report.startswith("corrupt") and broken.busy == {}

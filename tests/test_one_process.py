@@ -59,11 +59,12 @@ PATHS = {
 }
 
 
-def one_process_proxy(workdir: Path) -> Iterator[ProxyProcess]:
+def one_process_proxy(workdir: Path, state_file: Path | None = None) -> Iterator[ProxyProcess]:
     model = simulator_model(
         draft_control="per-request", profiles=PROFILES, slots=4, time_scale=50.0
     )
-    config = proxy_config([model], routing=NO_EXPLORE)
+    routing = NO_EXPLORE if state_file is None else {**NO_EXPLORE, "state_file": str(state_file)}
+    config = proxy_config([model], routing=routing)
     with running_proxy(config, workdir) as proxy:
         wait_all_ready(proxy, {MODEL: 1})
         yield proxy
@@ -255,6 +256,23 @@ async def test_requests_that_decoded_beside_another_depth_are_not_learned_from(
     assert not any(c.startswith("4k-16k/") for c in classes), classes
 
 
+def busy_samples(proxy: ProxyProcess) -> dict[str, float]:
+    """What the process measured while busy, per depth (in requests), as /admin/routing says."""
+    status, routing = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
+    assert status == 200
+    samples: dict[str, float] = routing["busy"].get(BACKEND, {}).get("samples", {})
+    return samples
+
+
+async def busy_at_max(session: aiohttp.ClientSession, proxy: ProxyProcess, tag: str) -> None:
+    """Three requests decoding side by side at max."""
+    same = (
+        send(session, proxy, "chat", f"{SHORT} {tag} {n}", pin="max", max_tokens=160)
+        for n in range(3)
+    )
+    await asyncio.gather(*same)
+
+
 async def test_the_busy_epochs_learn_from_time_at_one_depth_only(
     fresh_one_process: ProxyProcess,
 ) -> None:
@@ -263,12 +281,6 @@ async def test_the_busy_epochs_learn_from_time_at_one_depth_only(
     unless the client set the depth itself."""
     proxy = fresh_one_process
 
-    def busy_samples() -> dict[str, float]:
-        status, routing = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
-        assert status == 200
-        samples: dict[str, float] = routing["busy"][BACKEND]["samples"]
-        return samples
-
     async with aiohttp.ClientSession() as session:
         await send(session, proxy, "chat", f"{SHORT} first")  # routed: the process's epochs
         mixed = (
@@ -276,13 +288,9 @@ async def test_the_busy_epochs_learn_from_time_at_one_depth_only(
             for n, pin in enumerate(("off", "max"))
         )
         await asyncio.gather(*mixed)
-        assert busy_samples() == {}
-        same = (
-            send(session, proxy, "chat", f"{SHORT} same {n}", pin="max", max_tokens=160)
-            for n in range(3)
-        )
-        await asyncio.gather(*same)
-        samples = busy_samples()
+        assert busy_samples(proxy) == {}
+        await busy_at_max(session, proxy, "same")
+        samples = busy_samples(proxy)
         assert set(samples) == {"max"} and samples["max"] > 1.5, samples
 
         async def own_depth(n: int) -> None:  # routed to max, run at the client's depth 1
@@ -293,4 +301,16 @@ async def test_the_busy_epochs_learn_from_time_at_one_depth_only(
                 assert response.status == 200
 
         await asyncio.gather(*(own_depth(n) for n in range(3)))
-    assert busy_samples() == samples  # their speed is depth 1's, not max's
+    assert busy_samples(proxy) == samples  # their speed is depth 1's, not max's
+
+
+async def test_what_the_busy_epochs_measured_survives_a_restart(tmp_path: Path) -> None:
+    state_file = tmp_path / "learned.json"
+    for first in one_process_proxy(tmp_path / "first", state_file):
+        async with aiohttp.ClientSession() as session:
+            await send(session, first, "chat", f"{SHORT} first")  # routed: the process's epochs
+            await busy_at_max(session, first, "before")
+        measured = busy_samples(first)
+        assert set(measured) == {"max"}, measured
+    for second in one_process_proxy(tmp_path / "second", state_file):
+        assert busy_samples(second) == measured  # before any request: loaded from the file

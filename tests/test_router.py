@@ -279,7 +279,7 @@ def test_busy_learning_weighs_runs_by_their_time_at_one_depth_not_by_how_fast_th
     router = _one_process_router(RoutingSettings(half_life_samples=1e12))  # no decay here
     backend = router.pool.of_model("m")[0]
     backend.clock = clock = _Clock()
-    router._busy[backend.name] = state = BusyDepths()
+    router.stats.busy[backend.name] = state = BusyDepths()
     features = _features("x")
     fast = slow = router.route("m", features, exclude=())
     assert fast is not None and slow is not None
@@ -320,7 +320,7 @@ def test_a_busy_epoch_lasts_its_admissions_and_learns_from_time_at_one_depth() -
     with router.pool.lease(backend, "off"):
         routes = [router.route("m", _features(f"s{n}"), exclude=()) for n in range(3)]
         assert [(r.profile, r.reason) for r in routes if r] == [("off", "busy")] * 3
-        state = router._busy[backend.name]
+        state = router.stats.busy[backend.name]
         assert (state.left, state.sent["off"]) == (0, 3)
         for route in routes:
             assert route is not None

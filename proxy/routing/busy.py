@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from proxy.routing.classes import RequestClass
 
@@ -144,6 +145,28 @@ class BusyDepths:
             "samples": {p: round(self.samples(p), 2) for p in sorted({p for _, p in self.speeds})},
             "outstanding": {p: self.outstanding(p) for p in sorted(self.sent)},
         }
+
+    def to_json(self) -> list[dict[str, object]]:
+        """What it measured (the epoch and its counts are the running process's, not saved)."""
+        return [
+            {"class": label, "profile": profile, **asdict(speed)}
+            for (label, profile), speed in sorted(self.speeds.items())
+        ]
+
+    @classmethod
+    def from_json(cls, rows: list[dict[str, Any]], labels: set[str]) -> tuple[BusyDepths, int]:
+        """A saved state's measurements, and how many were dropped: a class label no longer
+        in ``labels`` (the context buckets changed since the file was written)."""
+        state, dropped = cls(), 0
+        for row in rows:
+            if str(row["class"]) not in labels:
+                dropped += 1
+                continue
+            speed = LogSpeed(*(float(row[f]) for f in ("weight", "weight2", "mean", "m2")))
+            if not (speed.weight > 0 and speed.weight2 > 0 and math.isfinite(speed.mean)):
+                raise ValueError(f"not a measurement: {row!r}")
+            state.speeds[(str(row["class"]), str(row["profile"]))] = speed
+        return state, dropped
 
     def gap(self, profile: str, reference: str) -> Gap:
         """``profile`` against ``reference``, class by class, each weighted by the smaller of

@@ -93,7 +93,6 @@ class Router:
         self.mix: Counter[tuple[str, str, str]] = Counter()  # (model, profile, reason)
         self.per_request: dict[str, PerRequestModel] = {}  # set by the app from the plans
         self._load_decay = 0.5 ** (1.0 / settings.load_half_life_requests)
-        self._busy: dict[str, BusyDepths] = {}  # per-request backend -> its busy epochs
         self._busy_decay = 0.5 ** (1.0 / settings.half_life_samples)
 
     def features(
@@ -187,7 +186,7 @@ class Router:
         if backend is None:
             return None
         if decision.reason == "busy":
-            busy = self._busy[backend.name]
+            busy = self.stats.busy[backend.name]
             busy.left -= 1
             busy.sent[decision.profile] += 1
         decay = self._load_decay
@@ -201,7 +200,7 @@ class Router:
         """The depth of the backend's current busy epoch; the next epoch's once it ran out."""
         if per_request.mixed:
             return None
-        state = self._busy.setdefault(backend, BusyDepths())
+        state = self.stats.busy.setdefault(backend, BusyDepths())
         if state.profile is None or state.left <= 0:
             depths = per_request.depths
             cold = self.settings.role_profile(self.settings.cold_busy_role)
@@ -336,7 +335,7 @@ class Router:
             done_at=done_at,
             spec_delta=spec_delta,
         )
-        busy = self._busy.get(route.backend.name) if route.depth is not None else None
+        busy = self.stats.busy.get(route.backend.name) if route.depth is not None else None
         if busy is not None and route.reason == "busy":
             busy.finished[route.profile] += 1
         speed = observation.decode_tok_s
@@ -386,7 +385,7 @@ class Router:
             "mix": mix,
             "learned": learned,
             "sessions": len(self._sessions),
-            "busy": {name: busy.report() for name, busy in sorted(self._busy.items())},
+            "busy": {name: busy.report() for name, busy in sorted(self.stats.busy.items())},
             "state": self.stats.load_report,
         }
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from proxy.routing.busy import BusyDepths
 from proxy.routing.classes import RequestClass, bucket_labels
 from proxy.routing.features import IMAGE_TOKENS, TEMPLATE_TOKENS_PER_MESSAGE, RequestFeatures
 from proxy.routing.settings import RoutingSettings, decay_factor
@@ -255,6 +256,8 @@ class LearnedStats:
         # (model, class, load level) -> profile -> cell. Level 0: the pool, where load is a
         # number kept in the cell; a per-request process keys its cells by load level instead.
         self._cells: dict[tuple[str, RequestClass, int], dict[str, _Cell]] = {}
+        self.busy: dict[str, BusyDepths] = {}
+        """Per-request process (backend name) -> its busy epochs and what it measured there."""
         self.calibrator = TokenCalibrator(
             settings.chars_per_token, settings.chars_per_token_half_life
         )
@@ -344,6 +347,7 @@ class LearnedStats:
             "buckets": self._settings.context_buckets,
             "cells": cells,
             "chars_per_token": self.calibrator.to_json(),
+            "busy": {name: busy.to_json() for name, busy in sorted(self.busy.items())},
         }
         return json.dumps(state, separators=(",", ":")).encode()
 
@@ -369,6 +373,7 @@ class LearnedStats:
             kept, dropped = stats._restore(state)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             stats._cells.clear()
+            stats.busy.clear()
             stats.load_report = f"corrupt ({exc!r}): starting empty"
             log.warning("stats_state_corrupt", error=repr(exc))
             return stats
@@ -395,6 +400,10 @@ class LearnedStats:
             self._cells.setdefault(key, {})[str(row["profile"])] = _Cell.from_json(row)
             kept += 1
         self.calibrator.load_json(state.get("chars_per_token"))
+        class_labels = {f"{bucket}/{kind}" for bucket in labels for kind in ("code", "prose")}
+        for name, rows in state.get("busy", {}).items():  # files from before: none
+            self.busy[str(name)], lost = BusyDepths.from_json(rows, class_labels)
+            dropped += lost
         return kept, dropped
 
 
