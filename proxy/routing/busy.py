@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from proxy.routing.classes import RequestClass
@@ -162,7 +162,7 @@ class BusyDepths:
             if str(row["class"]) not in labels:
                 dropped += 1
                 continue
-            speed = LogSpeed(*(float(row[f]) for f in ("weight", "weight2", "mean", "m2")))
+            speed = LogSpeed(**{f.name: float(row[f.name]) for f in fields(LogSpeed)})
             if not (speed.weight > 0 and speed.weight2 > 0 and math.isfinite(speed.mean)):
                 raise ValueError(f"not a measurement: {row!r}")
             state.speeds[(str(row["class"]), str(row["profile"]))] = speed

@@ -22,7 +22,7 @@ from proxy.routing.classes import RequestClass, classify, load_level
 from proxy.routing.depth import Replica, decide_depth
 from proxy.routing.features import Api, RequestFeatures, extract_features
 from proxy.routing.policy import Candidate, decide
-from proxy.routing.settings import RoutingSettings
+from proxy.routing.settings import RoutingSettings, decay_factor
 from proxy.routing.slot_caches import SlotCaches
 from proxy.routing.stats import LearnedStats
 from proxy.routing.telemetry import (
@@ -93,7 +93,7 @@ class Router:
         self.mix: Counter[tuple[str, str, str]] = Counter()  # (model, profile, reason)
         self.per_request: dict[str, PerRequestModel] = {}  # set by the app from the plans
         self._load_decay = 0.5 ** (1.0 / settings.load_half_life_requests)
-        self._busy_decay = 0.5 ** (1.0 / settings.half_life_samples)
+        self._busy_decay = decay_factor(settings.half_life_samples)
 
     def features(
         self, api: Api, model: str, body: Mapping[str, Any], headers: Mapping[str, str]

@@ -400,7 +400,7 @@ class LearnedStats:
             self._cells.setdefault(key, {})[str(row["profile"])] = _Cell.from_json(row)
             kept += 1
         self.calibrator.load_json(state.get("chars_per_token"))
-        class_labels = {f"{bucket}/{kind}" for bucket in labels for kind in ("code", "prose")}
+        class_labels = {RequestClass(b, k).label for b in labels for k in ("code", "prose")}
         for name, rows in state.get("busy", {}).items():  # files from before: none
             self.busy[str(name)], lost = BusyDepths.from_json(rows, class_labels)
             dropped += lost
