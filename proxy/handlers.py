@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from proxy.body import BodyRefused, read_body
 from proxy.errors import Dialect, error_response
 from proxy.exchange import Exchange
+from proxy.model_names import unknown_model_message
 from proxy.request_log import LOGGED, request_logger
 from proxy.routing.features import Api
 from proxy.state import STATE
@@ -77,7 +78,7 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
         return refuse(request, api, 400, problem, received)
     model = state.models.resolve(body.get("model"))
     if model is None:
-        message = f"model {str(body.get('model'))[:100]!r} does not exist"
+        message = unknown_model_message(body.get("model"))
         return refuse(request, api, 404, message, received, code="model_not_found")
     exchange = Exchange(state, request, api, model, raw, body, received)
     return await exchange.run()

@@ -40,6 +40,18 @@ class NamedModel(Protocol):
     def names(self) -> list[str]: ...
 
 
+def unknown_model_message(requested: object) -> str:
+    """The refusal of a model name no configured model answers to. Only a string is shown (cut
+    short): the repr of a list nested ~1000 deep, still valid JSON, exceeds the recursion
+    limit, which made this refusal a 500."""
+    shown = (
+        repr(requested[:100])
+        if isinstance(requested, str)
+        else f"of type {type(requested).__name__}"
+    )
+    return f"model {shown} does not exist"
+
+
 class ModelCatalog:
     """Model names and aliases as clients send them, mapped to the configured model."""
 

@@ -31,6 +31,7 @@ from proxy.forward import (
     upstream_url,
 )
 from proxy.metrics import UNROUTED
+from proxy.model_names import unknown_model_message
 from proxy.pool import BackendSlot
 from proxy.state import STATE
 
@@ -128,8 +129,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     named = _named_model(raw) if raw else request.query.get("model")
     model = state.models.resolve(named)
     if model is None:
-        message = f"model {str(named)[:100]!r} does not exist"
-        return error_response(dialect, 404, message, code="model_not_found")
+        return error_response(dialect, 404, unknown_model_message(named), code="model_not_found")
     request[LOG_FIELDS] = {"model": model}
     for backend in _candidates(state.pool.ready_of_model(model)):
         request[LOG_FIELDS]["backend"] = backend.name

@@ -198,6 +198,23 @@ def test_an_unknown_name_without_a_default_is_404_in_each_api_shape(proxy: Proxy
     assert status == 404 and json.loads(raw)["error"]["type"] == "not_found_error"
 
 
+def test_a_deeply_nested_model_name_is_a_404_not_a_500(proxy: ProxyProcess) -> None:
+    """Valid JSON (under the parser's depth limit) whose repr exceeds Python's recursion limit:
+    the refusal used to build its message with str() and answered 500."""
+    deep = b'{"model":' + b"[" * 1000 + b"]" * 1000 + b', "messages": []}'
+    for path in ("/v1/chat/completions", "/tokenize"):
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+        try:
+            conn.request("POST", path, body=deep, headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            status, raw = response.status, response.read()
+        finally:
+            conn.close()
+        error = json.loads(raw)["error"]
+        assert status == 404 and error["code"] == "model_not_found", (path, raw[:200])
+        assert error["message"] == "model of type list does not exist"
+
+
 def test_catalog_resolution_order() -> None:
     models = [
         ModelSettings(name="a", aliases=["a-alias"], backend="simulator", profiles=[{"name": "p"}]),
