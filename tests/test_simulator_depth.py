@@ -252,7 +252,10 @@ async def neighbour_pair(
 
 
 async def test_mixed_depths_across_slots_cost_extra_passes(http: aiohttp.ClientSession) -> None:
-    with simulator(*SETUP_B, *MAX3, "-np", "2") as sim:
+    # At SETUP_B's time scale (400) a millisecond of a loaded machine's wall-clock jitter is
+    # 0.4 simulated seconds of decoding: two fresh-clone CI runs read 0.959x against a quiet
+    # 0.89-0.92x. At 50 it weighs 8 times less, and the 16 pairs take ~2 s.
+    with simulator(*SETUP_B, "--time-scale", "50", *MAX3, "-np", "2") as sim:
         uniform = await neighbour_pair(http, sim, 3)
         mixed = await neighbour_pair(http, sim, 2)
     # The same depth-3 request, beside a neighbour that drafts less: without the mixing cost it
