@@ -43,6 +43,10 @@ _KNOWN: dict[str, bool] = {
     "--latent-sigma": True,
     "--acceptance-scale": True,
     "--ignore-request-draft": False,
+    "-cram": True,
+    "--cache-ram": True,
+    "--cache-idle-slots": False,
+    "--no-cache-idle-slots": False,
 }
 _NUMBER = re.compile(r"-\d")
 
@@ -112,6 +116,20 @@ def _parser() -> argparse.ArgumentParser:
         help='ignore a request\'s "speculative.n_max" like stock llama-server (default: honour '
         "it like the patched build)",
     )
+    p.add_argument(
+        "-cram",
+        "--cache-ram",
+        type=int,
+        default=8192,
+        help="host-memory prompt cache in MiB, as llama-server (default 8192; 0 disables; "
+        "-1 no limit)",
+    )
+    p.add_argument(
+        "--cache-idle-slots",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="save idle slots to the prompt cache at each new task, as llama-server (default on)",
+    )
     return p
 
 
@@ -166,6 +184,8 @@ def parse_config(argv: Sequence[str]) -> SimConfig:
         latent_sigma=args.latent_sigma,
         acceptance_scale=scales,
         request_draft=not args.ignore_request_draft,
+        cache_ram_mib=args.cache_ram,
+        cache_idle_slots=args.cache_idle_slots,
     )
 
 

@@ -30,3 +30,9 @@ class SimConfig:
     # "speculative.n_max" per request, as the project's patched llama-server; False
     # (--ignore-request-draft) ignores the key like stock llama-server, which compiles it out.
     request_draft: bool = True
+    # llama-server's host-memory prompt cache (-cram/--cache-ram MiB, default 8192; 0 disables):
+    # a slot's state is saved there before another prompt takes the slot, and loaded back when
+    # its prompt returns (simulator/slots.py); --cache-idle-slots saves every idle slot at each
+    # new task.
+    cache_ram_mib: int = 8192
+    cache_idle_slots: bool = True

@@ -22,7 +22,7 @@ from simulator.metrics import Metrics
 from simulator.model import DraftSettings, Kind
 from simulator.presets import Preset
 from simulator.prompts import Prompt
-from simulator.slots import Slot, SlotPool, common_prefix
+from simulator.slots import HostCache, Slot, SlotPool, common_prefix
 from simulator.textgen import OutputText, Passage
 from simulator.tokens import Tokenizer, content_kind
 
@@ -111,6 +111,15 @@ def _digest(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
+def _host_cache(config: SimConfig, preset: Preset) -> HostCache | None:
+    """llama-server's host-memory prompt cache, if on and the preset says what a state weighs."""
+    cost = preset.prompt_cache
+    if config.cache_ram_mib == 0 or cost.bytes_per_token <= 0:
+        return None
+    limit = -1.0 if config.cache_ram_mib < 0 else config.cache_ram_mib * 2.0**20
+    return HostCache(limit, cost.bytes_per_token, cost.state_bytes)
+
+
 def _depth(draft: DraftSettings) -> int:
     return draft.n_max if draft.enabled else 0
 
@@ -123,7 +132,9 @@ class Engine:
         self.n_ctx = config.n_ctx or preset.model.n_ctx
         self.tokenizer = Tokenizer(preset.model.n_vocab)
         self.text = OutputText(self.tokenizer)
-        self.pool = SlotPool(config.n_parallel)
+        self.pool = SlotPool(
+            config.n_parallel, _host_cache(config, preset), save_idle=config.cache_idle_slots
+        )
         self.metrics = Metrics()
         self._latent_sigma = (
             preset.acceptance.latent_sigma if config.latent_sigma is None else config.latent_sigma
@@ -179,6 +190,7 @@ class Engine:
             t.prompt_n = len(job.tokens) - t.cache_n
             slot.cache = job.tokens[: t.cache_n]  # what survives if we are cancelled mid-way
             t.prompt_ms = model.prefill_ms(preset, process, t.prompt_n, t.cache_n)
+            t.prompt_ms += model.restore_ms(preset, slot.restored)
             pacer = _Pacer(self.config.time_scale)
             await pacer.advance(t.prompt_ms)
             context = len(job.tokens)

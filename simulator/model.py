@@ -268,6 +268,14 @@ def prefill_ms(preset: Preset, draft: DraftSettings, prompt_n: int, cache_n: int
     return 1e3 * prompt_n / speed * penalty
 
 
+def restore_ms(preset: Preset, tokens: int) -> float:
+    """Copying a saved state of ``tokens`` tokens from the host prompt cache back to the GPU."""
+    if tokens <= 0:
+        return 0.0
+    cost = preset.prompt_cache
+    return 1e3 * (cost.state_bytes + cost.bytes_per_token * tokens) / (cost.restore_gb_s * 1e9)
+
+
 def predict(
     preset: Preset,
     draft: DraftSettings,

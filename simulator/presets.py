@@ -59,6 +59,17 @@ class Prefill:
 
 
 @dataclass(frozen=True)
+class PromptCache:
+    """What a slot's saved state weighs in llama-server's host-memory prompt cache (--cache-ram):
+    its KV cache per token, plus the fixed recurrent state of a hybrid model; and how fast a saved
+    state is copied back to the GPU."""
+
+    bytes_per_token: float = 0.0  # 0: no estimate, the host cache is off for this preset
+    state_bytes: float = 0.0
+    restore_gb_s: float = 12.0  # host -> device copy (PCIe 4.0 x16 in practice)
+
+
+@dataclass(frozen=True)
 class Output:
     prose_min: int  # natural (EOS) length range of an answer, tokens
     prose_max: int
@@ -87,10 +98,13 @@ class Preset:
     acceptance: Acceptance
     prefill: Prefill
     output: Output
+    prompt_cache: PromptCache = PromptCache()
 
 
-def _section(cls: type[T], data: dict[str, Any], key: str) -> T:
+def _section(cls: type[T], data: dict[str, Any], key: str, *, optional: bool = False) -> T:
     raw = data.get(key)
+    if raw is None and optional:
+        raw = {}
     if not isinstance(raw, dict):
         raise ValueError(f"preset: missing table [{key}]")
     known = fields(cls)  # type: ignore[arg-type]
@@ -113,6 +127,7 @@ def parse_preset(data: dict[str, Any]) -> Preset:
         acceptance=_section(Acceptance, data, "acceptance"),
         prefill=_section(Prefill, data, "prefill"),
         output=_section(Output, data, "output"),
+        prompt_cache=_section(PromptCache, data, "prompt_cache", optional=True),
     )
 
 
