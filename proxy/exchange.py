@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -179,16 +180,14 @@ class Exchange:
         body = self.raw
         if route.depth is not None and not self.own_depth:
             body = with_depth(body, route.depth)
-        mark = backend.mix_mark(route.profile)
-        with state.pool.lease(backend, route.profile):
+        with state.pool.lease(backend, route.profile, prefill=self.features.stream) as lease:
             self.sequence = sequence = backend.started_total
             self.sent_at = sent_at = time.perf_counter()
-            one_depth_from = backend.single_depth_seconds(route.profile)
             response = await open_upstream(state.client(), url, body, headers, state.timeouts)
             async with response:
-                out, relayed = await self._relay(response, route)
-            self.ran_mixed = backend.ran_mixed(mark)
-            self.single_depth_s = backend.single_depth_seconds(route.profile) - one_depth_from
+                out, relayed = await self._relay(response, route, lease.decoding)
+            self.ran_mixed = lease.ran_mixed
+            self.single_depth_s = lease.single_depth_s()
         if relayed.status < 400:  # errors go back through the middleware that reshapes them
             await self._send(out)
         done_at = time.perf_counter()
@@ -206,7 +205,7 @@ class Exchange:
             await out.write_eof()
 
     async def _relay(
-        self, response: aiohttp.ClientResponse, route: Route
+        self, response: aiohttp.ClientResponse, route: Route, first_chunk: Callable[[], None]
     ) -> tuple[web.StreamResponse, Relayed]:
         extra = {
             "X-MTP-Profile": route.profile,
@@ -229,6 +228,7 @@ class Exchange:
                 idle_s=idle,
                 relayed=self.relayed,
                 rewriter=indexer,
+                first_chunk=first_chunk,
             )
         return await relay_body(response, extra, idle)
 

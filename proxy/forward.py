@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -191,11 +191,14 @@ async def relay_stream(
     idle_s: float,
     relayed: Relayed | None = None,
     rewriter: ChunkRewriter | None = None,
+    first_chunk: Callable[[], None] | None = None,
 ) -> tuple[web.StreamResponse, Relayed]:
     """Relay an SSE stream chunk by chunk, flushing each one; end with an error event on failure.
 
     `relayed` (the caller's, so it can still read it if the client leaves mid-relay) records how
-    it went; `rewriter`, if any, completes the events on their way (proxy.responses_events).
+    it went; `rewriter`, if any, completes the events on their way (proxy.responses_events);
+    `first_chunk`, if any, is called when the first chunk arrives (its first token: the
+    request's prompt has been processed).
     """
     out = web.StreamResponse(
         status=response.status, headers=client_headers(response.headers, headers)
@@ -220,6 +223,8 @@ async def relay_stream(
         now = time.perf_counter()
         if relayed.first_chunk_at is None:
             relayed.first_chunk_at = now
+            if first_chunk is not None:
+                first_chunk()
         relayed.last_chunk_at = now
         relayed.chunks += 1
         sink.feed(chunk, now)

@@ -32,7 +32,8 @@ class BackendSlot:
     slots: int = 1
     started_total: int = 0  # requests ever sent; tells whether a request ran alone
     decoding: Counter[str] = field(default_factory=Counter)
-    """Requests in flight by the profile they run at (a per-request process serves several)."""
+    """Requests in flight by the profile they run at (a per-request process serves several),
+    from their first token on when they stream (``Lease.decoding``), else from their start."""
     recent_load: float = 1.0
     """Decayed mean of the requests in flight at each admission, the new one included."""
     depth_mixes: int = 0
@@ -76,7 +77,7 @@ class BackendSlot:
         return self.busy_at_one_depth.get(profile, 0.0) + self._open_span(profile, self.clock())
 
     def begin(self, profile: str) -> None:
-        """A request at ``profile`` starts here."""
+        """A request at ``profile`` starts decoding here."""
         if self.beside_other(profile):
             self.depth_mixes += 1
         self._settle()
@@ -147,14 +148,50 @@ class BackendPool:
         return slot.in_flight if slot else 0
 
     @contextmanager
-    def lease(self, slot: BackendSlot, profile: str | None = None) -> Iterator[BackendSlot]:
-        """Count a request (at `profile`) against `slot` for as long as it is being served."""
+    def lease(
+        self, slot: BackendSlot, profile: str | None = None, *, prefill: bool = False
+    ) -> Iterator[Lease]:
+        """Count a request (at `profile`) against `slot` for as long as it is being served.
+        ``prefill``: it streams, and counts as decoding only from its first token on
+        (``Lease.decoding``), since a prompt being processed decodes at no depth."""
         slot.in_flight += 1
         slot.started_total += 1
-        profile = profile or slot.profile
-        slot.begin(profile)
+        lease = Lease(slot, profile or slot.profile)
+        if not prefill:
+            lease.decoding()
         try:
-            yield slot
+            yield lease
         finally:
             slot.in_flight -= 1
-            slot.end(profile)
+            if lease.decoding_from is not None:
+                slot.end(lease.profile)
+
+
+@dataclass
+class Lease:
+    """One request on a backend: whether it decodes yet, and the single-depth clock of its
+    profile when it began to (``BackendSlot.single_depth_seconds``)."""
+
+    slot: BackendSlot
+    profile: str
+    decoding_from: float | None = None
+    mix_mark: int | None = None
+
+    def decoding(self) -> None:
+        """Its first token: from now on it decodes beside the others (once; later calls do
+        nothing)."""
+        if self.decoding_from is None:
+            self.mix_mark = self.slot.mix_mark(self.profile)
+            self.slot.begin(self.profile)
+            self.decoding_from = self.slot.single_depth_seconds(self.profile)
+
+    @property
+    def ran_mixed(self) -> bool:
+        """Whether it decoded beside another profile at any time (or never decoded)."""
+        return self.decoding_from is None or self.slot.ran_mixed(self.mix_mark)
+
+    def single_depth_s(self) -> float:
+        """How long it has decoded while the process was busy at its profile only."""
+        if self.decoding_from is None:
+            return 0.0
+        return self.slot.single_depth_seconds(self.profile) - self.decoding_from

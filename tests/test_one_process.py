@@ -304,6 +304,42 @@ async def test_the_busy_epochs_learn_from_time_at_one_depth_only(
     assert busy_samples(proxy) == samples  # their speed is depth 1's, not max's
 
 
+async def test_a_stream_still_processing_its_prompt_leaves_the_others_at_one_depth(
+    fresh_one_process: ProxyProcess,
+) -> None:
+    """A long prompt at off, streamed, whose prompt is still being processed while three
+    requests decode at max: it decodes at no depth until its first token, so they ran at one
+    depth and teach the busy epochs (counting it from its start, they had all run mixed)."""
+    proxy = fresh_one_process
+    long_text = " ".join([SHORT] * 1500)  # ~15k tokens: ~15 simulated s of prompt processing
+
+    async with aiohttp.ClientSession() as session:
+        await send(session, proxy, "chat", f"{SHORT} first")
+
+        async def stream_at_off(text: str, max_tokens: int) -> None:
+            request = {**body("chat", text, max_tokens), "stream": True, "ignore_eos": True}
+            headers = {"X-MTP-Profile": "off"}
+            async with session.post(proxy.url + PATHS["chat"], json=request, headers=headers) as r:
+                assert r.status == 200
+                await r.read()
+
+        prompt = asyncio.create_task(stream_at_off(long_text, 8))
+        await asyncio.sleep(0.05)  # it is at the backend, processing its prompt
+        await busy_at_max(session, proxy, "beside a prompt")
+        assert not prompt.done()  # the premise: the three ran while it had no token yet
+        await prompt
+        samples = busy_samples(proxy)
+        assert samples.get("max", 0.0) > 1.5, samples
+
+        # Once its tokens flow, a stream at off decodes beside them: that teaches nothing.
+        decoding = asyncio.create_task(stream_at_off(f"{SHORT} long answer", 2000))
+        await asyncio.sleep(0.05)
+        await busy_at_max(session, proxy, "beside a stream")
+        assert not decoding.done()
+        await decoding
+    assert busy_samples(proxy) == samples
+
+
 async def test_what_the_busy_epochs_measured_survives_a_restart(tmp_path: Path) -> None:
     state_file = tmp_path / "learned.json"
     for first in one_process_proxy(tmp_path / "first", state_file):

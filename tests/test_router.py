@@ -272,6 +272,36 @@ def test_the_single_depth_clock_runs_only_while_the_process_is_busy_at_that_dept
     assert backend.single_depth_seconds("max") == 4.0
 
 
+def test_a_stream_still_processing_its_prompt_decodes_at_no_depth_yet() -> None:
+    """A long prompt at off, still being prefilled beside two requests at max, neither stops the
+    max clock nor mixes their depths: it joins the decoding requests at its first token."""
+    router = _one_process_router(RoutingSettings())
+    backend = router.pool.of_model("m")[0]
+    backend.clock = clock = _Clock()
+    pool = router.pool
+    with pool.lease(backend, "max") as one, pool.lease(backend, "max"):
+        with pool.lease(backend, "off", prefill=True) as long_prompt:
+            clock.now = 10.0  # its prompt is processed: max alone decodes
+            assert backend.single_depth_seconds("max") == 10.0
+            assert not one.ran_mixed and backend.in_flight == 3
+            long_prompt.decoding()  # its first token
+            clock.now = 15.0
+            assert backend.single_depth_seconds("max") == 10.0  # mixed from here on
+            assert one.ran_mixed
+            assert long_prompt.single_depth_s() == 0.0
+        assert backend.decoding == {"max": 2}
+    assert not backend.decoding and backend.in_flight == 0
+
+
+def test_a_stream_that_never_sent_a_token_ran_at_no_depth() -> None:
+    router = _one_process_router(RoutingSettings())
+    backend = router.pool.of_model("m")[0]
+    with router.pool.lease(backend, "off", prefill=True) as lease:
+        assert not backend.decoding
+    assert lease.ran_mixed  # nothing to learn from
+    assert lease.single_depth_s() == 0.0 and not backend.decoding
+
+
 def test_busy_learning_weighs_runs_by_their_time_at_one_depth_not_by_how_fast_they_ended() -> None:
     """Two requests start together in a deep epoch; the fast one ends inside it, the slow one
     runs on after the process went back to off. Learning only from runs that stayed at one depth
