@@ -102,8 +102,25 @@ def test_depths_are_compared_class_by_class() -> None:
         }
     )
     gap = state.gap("max", "off")
-    expected = (2 * math.log(10 / 12) + 4 * math.log(30 / 40)) / 6  # weighted by the fewer
-    assert math.isclose(gap.mean, expected) and gap.weight == 6
+    # each class by its share of the time measured (8 runs of the long, 8 of the short)
+    expected = (8 * math.log(10 / 12) + 8 * math.log(30 / 40)) / 16
+    assert math.isclose(gap.mean, expected) and gap.weight == 6  # evidence: the fewer, summed
+
+
+def test_a_class_counts_by_its_share_of_the_decode_time_not_by_its_requests() -> None:
+    """Two long agent prompts that decode for minutes take more of the process than a dozen
+    short chats: where drafting helps the chats and hurts the agents, the agents decide."""
+    state = BusyDepths()
+    for profile, chat, agent in (("off", 30.0, 20.0), ("max", 33.0, 12.0)):
+        for _ in range(12):
+            state.observe(SHORT, profile, chat, 5.0, decay=1.0)  # 12 chats of 5 s
+        for _ in range(2):
+            state.observe(LONG, profile, agent, 60.0, decay=1.0)  # 2 agent turns of 60 s
+    gap = state.gap("max", "off")
+    share = 2 * 12 * 5.0, 2 * 2 * 60.0
+    expected = (share[0] * math.log(33 / 30) + share[1] * math.log(12 / 20)) / sum(share)
+    assert math.isclose(gap.mean, expected) and gap.mean < 0  # counting requests: > 0
+    assert gap.chance_faster < 0.5
 
 
 def test_one_depth_only_is_always_that_depth() -> None:

@@ -91,10 +91,11 @@ class LogSpeed:
 @dataclass(frozen=True, slots=True)
 class Gap:
     """How much faster one depth decodes than another, in log speed, over the classes both
-    ran in."""
+    ran in: their mean difference weighted by each class's share of the decode time, its
+    standard error, and how many requests' worth of evidence it rests on."""
 
     mean: float
-    sd: float
+    se: float
     weight: float
 
     @property
@@ -102,8 +103,7 @@ class Gap:
         """The probability that the first depth is the faster one (normal approximation)."""
         if self.weight <= 0:
             return 0.5
-        z = self.mean / (self.sd / math.sqrt(self.weight))
-        return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+        return 0.5 * (1.0 + math.erf(self.mean / self.se / math.sqrt(2.0)))
 
 
 @dataclass(slots=True)
@@ -169,21 +169,25 @@ class BusyDepths:
         return state, dropped
 
     def gap(self, profile: str, reference: str) -> Gap:
-        """``profile`` against ``reference``, class by class, each weighted by the smaller of
-        its two samples (in requests)."""
-        total = weight = variance = 0.0
+        """``profile`` against ``reference``, class by class. Each class's difference counts by
+        its share of the time measured at the two depths: what the process's throughput is
+        made of (a few long agent prompts can take more of it than many short chats), where
+        counting requests would let the short chats decide. How sure the mean is counts
+        requests: each class's spread over the fewer of its two samples."""
+        rows = []
         for (label, p), own in self.speeds.items():
             other = self.speeds.get((label, reference))
             if p != profile or other is None:
                 continue
-            w = min(own.requests, other.requests)
+            n = min(own.requests, other.requests)
             spread = max((s for s in (own.sd, other.sd) if math.isfinite(s)), default=MIN_SD)
-            total += w * (own.mean - other.mean)
-            variance += w * spread**2
-            weight += w
-        if weight == 0:
+            rows.append((own.weight + other.weight, own.mean - other.mean, max(spread, MIN_SD), n))
+        share = sum(r[0] for r in rows)
+        if not rows or share <= 0:
             return Gap(0.0, math.inf, 0.0)
-        return Gap(total / weight, max(math.sqrt(variance / weight), MIN_SD), weight)
+        mean = sum(t * diff for t, diff, _, _ in rows) / share
+        variance = sum((t / share) ** 2 * sd**2 / max(n, 1.0) for t, _, sd, n in rows)
+        return Gap(mean, math.sqrt(variance), sum(r[3] for r in rows))
 
 
 def next_busy_depth(state: BusyDepths, cold: str, deep: str, min_samples: int, epoch: int) -> str:
