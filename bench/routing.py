@@ -84,10 +84,14 @@ instead of one trace's keys at the top.
 Mean over runs: whenever a preset has more than one run (``--repeat N``, several traces, or
 both), ``mean`` (and a short table) gives per preset each policy's mean goodput over all those
 runs and the ratios of those means (bench/routing_report.py ``mean_report``). The default trace
-keeps the one process saturated, and a saturated trace is chaotic: the order of admissions
-decides which long prompt queues behind which burst, so the same policy moves by up to ~12 %
-from run to run and from one seed of the generator to another, and one run's ratio can pass or
-fail the targets by luck. Read issue 11's targets (``meets_targets``) on the mean, over
+keeps the one process saturated, and a saturated trace amplifies small differences: which long
+agent context is still cached decides whether a turn processes 60-100k tokens again. The
+simulator keeps llama-server's host-memory prompt cache (``--cache-ram``, simulator/MODEL.md),
+which brings an evicted context back, so static rows repeat within 0.3 % on setup-a and on the
+concurrent trace (they moved by 13 % without it); setup-b's model fills the 8 GiB cache with
+one long context, and there the default trace can still move by a third (depth 0 on
+setup-b-batched: 9.03 and 12.27), as can the adaptive row, whose decisions follow the order in
+which measurements arrive. Read issue 11's targets (``meets_targets``) on the mean, over
 repeats and over seeds of one generator (``--trace default,default:2,default:3 --repeat 2``):
 a mean over different generators weighs the one with the higher goodput more.
 """
