@@ -341,6 +341,25 @@ def test_busy_learning_weighs_runs_by_their_time_at_one_depth_not_by_how_fast_th
     assert math.exp(cell.mean) == pytest.approx(math.sqrt(40 * 20))
 
 
+def test_a_cold_pick_at_the_deepest_depth_measures_the_shallowest_next() -> None:
+    """cold_busy_role = max (a box known to batch drafts well) starts busy stretches at max and
+    still learns whether decoding plain is faster: the other depth it measures is off."""
+    settings = RoutingSettings(busy_epoch_admissions=3, min_samples=2, cold_busy_role="max")
+    router = _one_process_router(settings)
+    backend = router.pool.of_model("m")[0]
+    usage = ParsedUsage(has_timings=True, prompt_n=500, predicted_n=256, predicted_ms=10_000.0)
+    with router.pool.lease(backend, "max"):
+        routes = [router.route("m", _features(f"s{n}"), exclude=()) for n in range(3)]
+        assert [(r.profile, r.reason) for r in routes if r] == [("max", "busy")] * 3
+        for route in routes:
+            assert route is not None
+            router.observe(
+                route, _features("x"), usage, sent_at=0.0, done_at=12.0, single_depth_s=10.0
+            )
+        nxt = router.route("m", _features("next"), exclude=())
+        assert nxt is not None and (nxt.profile, nxt.reason) == ("off", "busy")
+
+
 def test_a_busy_epoch_lasts_its_admissions_and_learns_from_time_at_one_depth() -> None:
     settings = RoutingSettings(busy_epoch_admissions=3, min_samples=2)
     router = _one_process_router(settings)

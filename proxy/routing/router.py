@@ -206,10 +206,13 @@ class Router:
             cold = self.settings.role_profile(self.settings.cold_busy_role)
             shallowest = min(depths, key=lambda p: (depths[p], p))
             deepest = max(depths, key=lambda p: (depths[p], p))
+            first = cold if cold in depths else shallowest
+            # The other depth measured: the deepest, or the shallowest when the cold pick is
+            # the deepest (cold_busy_role = "max" still learns whether plain decoding is faster).
             state.profile = next_busy_depth(
                 state,
-                cold if cold in depths else shallowest,
-                deepest,
+                first,
+                deepest if first != deepest else shallowest,
                 self.settings.min_samples,
                 self.settings.busy_epoch_admissions,
             )

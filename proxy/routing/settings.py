@@ -149,7 +149,8 @@ class RoutingSettings(BaseModel):
         default="off",
         description="Cold pick of a depth when the request will decode beside others (level "
         "2+): the published runs lose with speculation there. What the process measures at "
-        "each depth while busy takes over (proxy/routing/busy.py).",
+        "each depth while busy takes over (proxy/routing/busy.py): this depth first, then the "
+        "deepest (or, when this is the deepest, the shallowest).",
     )
     busy_epoch_admissions: int = Field(
         default=8,
