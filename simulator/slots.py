@@ -70,13 +70,14 @@ class HostCache:
         self.per_token = bytes_per_token
         self.fixed = state_bytes
         self.states: deque[list[int]] = deque()
+        self.size = 0.0  # what the states weigh together
 
     def weight(self, tokens: list[int]) -> float:
         return self.fixed + self.per_token * len(tokens)
 
-    @property
-    def size(self) -> float:
-        return sum(self.weight(t) for t in self.states)
+    def best_prefix(self, tokens: list[int]) -> int:
+        """Longest prefix of ``tokens`` a saved state holds."""
+        return max((common_prefix(t, tokens) for t in self.states), default=0)
 
     def save(self, tokens: list[int]) -> None:
         n = len(tokens)
@@ -86,11 +87,12 @@ class HostCache:
         if 0 <= self.limit < new:
             return
         # a saved prefix of this state is obsolete
-        kept = [t for t in self.states if common_prefix(t, tokens) < len(t)]
-        self.states = deque(kept)
+        self.states = deque(t for t in self.states if common_prefix(t, tokens) < len(t))
+        self.size = sum(self.weight(t) for t in self.states)
         while self.states and self.limit >= 0 and self.size + new > self.limit:
-            self.states.popleft()
+            self.size -= self.weight(self.states.popleft())
         self.states.append(list(tokens))
+        self.size += new
 
     def load(self, current: list[int], tokens: list[int]) -> list[int] | None:
         """The saved state to load for ``tokens`` instead of the slot's ``current`` one (taken
@@ -108,6 +110,7 @@ class HostCache:
             return None
         state = self.states[best]
         del self.states[best]
+        self.size -= self.weight(state)
         return state
 
 
@@ -167,8 +170,10 @@ class SlotPool:
         return len(self._waiters)
 
     def best_prefix(self, tokens: list[int]) -> int:
-        """Longest cached prefix over all slots (what /sim/predict assumes will be reused)."""
-        return max((common_prefix(s.cache, tokens) for s in self.slots), default=0)
+        """Longest cached prefix over all slots and the host cache (what /sim/predict assumes
+        will be reused: a saved state is loaded back for the prompt it matches)."""
+        slots = max((common_prefix(s.cache, tokens) for s in self.slots), default=0)
+        return max(slots, self.host.best_prefix(tokens)) if self.host is not None else slots
 
     def _pick(self, tokens: list[int]) -> tuple[Slot, bool]:
         """The slot for a prompt, and whether its state goes through the host cache."""

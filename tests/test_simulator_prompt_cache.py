@@ -73,6 +73,25 @@ def test_a_saved_state_is_loaded_only_if_it_reuses_more_of_both_prompt_and_itsel
     assert not host.states  # taken out: it lives in the slot now
 
 
+async def test_what_predict_assumes_reused_counts_the_host_cache() -> None:
+    """/sim/predict (the greedy reference) must see the agent's context as reused once a chat
+    took its slot, as the next turn will find it."""
+    pool = SlotPool(1, _host())
+    await _turn(pool, AGENT, answer=0)
+    await _turn(pool, CHAT, answer=0)
+    assert pool.best_prefix([*AGENT, 7]) == len(AGENT)
+    assert SlotPool(1, None).best_prefix(AGENT) == 0
+
+
+def test_the_cache_keeps_what_its_states_weigh() -> None:
+    host = _host(limit=20_000)
+    for start in (0, 50_000, 100_000):
+        host.save(list(range(start, start + 9000)))
+    assert len(host.states) == 2 and host.size == 18_000  # the first went for the third
+    assert host.load([], list(range(100_000, 109_001))) is not None
+    assert host.size == sum(host.weight(t) for t in host.states) == 9000
+
+
 async def test_idle_slots_are_saved_at_each_new_task() -> None:
     host = _host()
     pool = SlotPool(2, host, save_idle=True)
