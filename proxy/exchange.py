@@ -64,6 +64,7 @@ class Exchange:
         self.own_depth = DEPTH_KEY in body  # the client chose its depth: it is not replaced
         self.ran_mixed = False  # decoded beside another depth on its process (not learned from)
         self.single_depth_s = 0.0  # ... and how long it ran busy beside its own depth only
+        self.single_depth_load = 0.0  # ... with how many decoding then, on average
         self.failed: dict[str, int] = {}  # backend -> generation that failed before answering
 
     @functools.cached_property
@@ -188,6 +189,7 @@ class Exchange:
                 out, relayed = await self._relay(response, route, lease.decoding)
             self.ran_mixed = lease.ran_mixed
             self.single_depth_s = lease.single_depth_s()
+            self.single_depth_load = lease.single_depth_load()
         if relayed.status < 400:  # errors go back through the middleware that reshapes them
             await self._send(out)
         done_at = time.perf_counter()
@@ -299,6 +301,7 @@ class Exchange:
             # depth the speed is the mix's (routing.depth).
             learn=route.depth is None or not (self.own_depth or self.ran_mixed),
             single_depth_s=0.0 if self.own_depth else self.single_depth_s,
+            single_depth_load=self.single_depth_load,
         )
         self.state.metrics.record_observation(self.model, route.profile, observation)
         return observation

@@ -45,6 +45,8 @@ class BackendSlot:
     busy_at_one_depth: dict[str, float] = field(default_factory=dict)
     """Seconds it spent busy at one profile only (two or more requests decoding, every one at
     that profile), up to ``_since``: see ``single_depth_seconds``."""
+    slots_at_one_depth: dict[str, float] = field(default_factory=dict)
+    """... and those seconds times the requests decoding then: see ``single_depth_load``."""
     _since: float = 0.0
 
     @property
@@ -76,6 +78,13 @@ class BackendSlot:
         achieves under load, whether the request itself was fast or slow (routing.busy)."""
         return self.busy_at_one_depth.get(profile, 0.0) + self._open_span(profile, self.clock())
 
+    def single_depth_slot_seconds(self, profile: str) -> float:
+        """The same clock, each second counted once per request decoding then: the difference
+        of the two over that of ``single_depth_seconds`` is how many requests decoded together,
+        on average, while a request's run showed what ``profile`` achieves."""
+        spent = self.slots_at_one_depth.get(profile, 0.0)
+        return spent + self._open_span(profile, self.clock()) * self.decoding[profile]
+
     def begin(self, profile: str) -> None:
         """A request at ``profile`` starts decoding here."""
         if self.beside_other(profile):
@@ -96,9 +105,11 @@ class BackendSlot:
     def _settle(self) -> None:
         """Close the span so far: the set of decoding requests is about to change."""
         now = self.clock()
-        for profile in self.decoding:
-            spent = self.busy_at_one_depth.get(profile, 0.0)
-            self.busy_at_one_depth[profile] = spent + self._open_span(profile, now)
+        for profile, count in self.decoding.items():
+            span = self._open_span(profile, now)
+            self.busy_at_one_depth[profile] = self.busy_at_one_depth.get(profile, 0.0) + span
+            slots = self.slots_at_one_depth.get(profile, 0.0)
+            self.slots_at_one_depth[profile] = slots + span * count
         self._since = now
 
     @property
@@ -175,6 +186,7 @@ class Lease:
     slot: BackendSlot
     profile: str
     decoding_from: float | None = None
+    slots_from: float = 0.0
     mix_mark: int | None = None
 
     def decoding(self) -> None:
@@ -184,6 +196,7 @@ class Lease:
             self.mix_mark = self.slot.mix_mark(self.profile)
             self.slot.begin(self.profile)
             self.decoding_from = self.slot.single_depth_seconds(self.profile)
+            self.slots_from = self.slot.single_depth_slot_seconds(self.profile)
 
     @property
     def ran_mixed(self) -> bool:
@@ -195,3 +208,11 @@ class Lease:
         if self.decoding_from is None:
             return 0.0
         return self.slot.single_depth_seconds(self.profile) - self.decoding_from
+
+    def single_depth_load(self) -> float:
+        """How many requests decoded together, on average, over its ``single_depth_s`` (itself
+        included); 0 without any such time."""
+        seconds = self.single_depth_s()
+        if seconds <= 0:
+            return 0.0
+        return (self.slot.single_depth_slot_seconds(self.profile) - self.slots_from) / seconds

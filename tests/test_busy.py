@@ -1,6 +1,8 @@
 """The depth a busy process runs at (routing.busy): cold first, one epoch at the deepest depth,
 then the likely faster one, with hysteresis, measuring the deepest again while the comparison is
-open; speeds weighted by time, counted in requests, compared class by class. Plain values in."""
+open, on an idle process and within a budget; speeds weighted by time, counted in requests,
+compared class by class and load level by load level, a cell measured cold only counting at the
+measured gap shrunk toward the published loss. Plain values in."""
 
 from __future__ import annotations
 
@@ -10,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from proxy.routing.busy import BusyDepths, LogSpeed, next_busy_depth
+from proxy.routing.busy import (
+    PRIOR_GAP,
+    PRIOR_REQUESTS,
+    BusyDepths,
+    Epoch,
+    LogSpeed,
+    next_busy_depth,
+)
 from proxy.routing.classes import RequestClass
 from proxy.routing.settings import RoutingSettings
 from proxy.routing.stats import LearnedStats
@@ -19,40 +28,45 @@ SHORT = RequestClass("<4k", "prose")
 LONG = RequestClass("32k+", "code")
 EPOCH = 8
 SECONDS = 10.0  # each request's time at one depth
+LEVEL = 2  # the load level the runs of a test are measured at, unless it says otherwise
 
 
 def measured(runs: dict[tuple[RequestClass, str], list[float]]) -> BusyDepths:
     state = BusyDepths()
     for (cls, profile), speeds in runs.items():
         for speed in speeds:
-            state.observe(cls, profile, speed, SECONDS, decay=1.0)
+            state.observe(cls, LEVEL, profile, speed, SECONDS, decay=1.0)
     return state
 
 
+def epoch(state: BusyDepths, *, calm: bool = True, rate: float = 1.0) -> Epoch:
+    return next_busy_depth(state, "off", "max", min_samples=4, epoch=EPOCH, rate=rate, calm=calm)
+
+
 def pick(state: BusyDepths) -> str:
-    return next_busy_depth(state, "off", "max", min_samples=4, epoch=EPOCH)
+    return epoch(state).profile
 
 
 def test_cold_until_the_cold_depth_has_its_samples() -> None:
     state = BusyDepths()
     assert pick(state) == "off"
     for _ in range(3):
-        state.observe(SHORT, "off", 30.0, SECONDS, decay=1.0)
-    state.observe(SHORT, "off", 30.0, 100 * SECONDS, decay=1.0)  # long, but one request
+        state.observe(SHORT, LEVEL, "off", 30.0, SECONDS, decay=1.0)
+    state.observe(SHORT, LEVEL, "off", 30.0, 100 * SECONDS, decay=1.0)  # long, but one request
     assert round(state.samples("off"), 2) == 1.06 and pick(state) == "off"
     for _ in range(3):
-        state.observe(SHORT, "off", 30.0, 100 * SECONDS, decay=1.0)
+        state.observe(SHORT, LEVEL, "off", 30.0, 100 * SECONDS, decay=1.0)
     assert round(state.samples("off"), 2) == 4.06 and pick(state) == "max"  # known: one epoch
 
 
 def test_a_longer_run_at_one_depth_weighs_more_in_the_mean_but_is_one_request() -> None:
     state = BusyDepths()
-    state.observe(SHORT, "max", 20.0, SECONDS, decay=1.0)
-    state.observe(SHORT, "max", 40.0, 3 * SECONDS, decay=1.0)
-    cell = state.speeds[(SHORT.label, "max")]
+    state.observe(SHORT, LEVEL, "max", 20.0, SECONDS, decay=1.0)
+    state.observe(SHORT, LEVEL, "max", 40.0, 3 * SECONDS, decay=1.0)
+    cell = state.speeds[(SHORT.label, LEVEL, "max")]
     assert math.exp(cell.mean) == pytest.approx(20.0**0.25 * 40.0**0.75)  # time-weighted
     assert cell.requests == pytest.approx(1.6)  # (10 + 30)^2 / (10^2 + 30^2)
-    state.observe(SHORT, "max", 30.0, 0.0, decay=1.0)  # no time at one depth: says nothing
+    state.observe(SHORT, LEVEL, "max", 30.0, 0.0, decay=1.0)  # no time at one depth: says nothing
     assert cell.requests == pytest.approx(1.6)
 
 
@@ -113,9 +127,9 @@ def test_a_class_counts_by_its_share_of_the_decode_time_not_by_its_requests() ->
     state = BusyDepths()
     for profile, chat, agent in (("off", 30.0, 20.0), ("max", 33.0, 12.0)):
         for _ in range(12):
-            state.observe(SHORT, profile, chat, 5.0, decay=1.0)  # 12 chats of 5 s
+            state.observe(SHORT, LEVEL, profile, chat, 5.0, decay=1.0)  # 12 chats of 5 s
         for _ in range(2):
-            state.observe(LONG, profile, agent, 60.0, decay=1.0)  # 2 agent turns of 60 s
+            state.observe(LONG, LEVEL, profile, agent, 60.0, decay=1.0)  # 2 agent turns of 60 s
     gap = state.gap("max", "off")
     share = 2 * 12 * 5.0, 2 * 2 * 60.0
     expected = (share[0] * math.log(33 / 30) + share[1] * math.log(12 / 20)) / sum(share)
@@ -123,9 +137,69 @@ def test_a_class_counts_by_its_share_of_the_decode_time_not_by_its_requests() ->
     assert gap.chance_faster < 0.5
 
 
+def test_speeds_are_compared_at_one_load_level() -> None:
+    """A slot decodes slower the more requests decode beside it: an epoch at the deepest depth
+    that ran at 2-3 is compared with the cold depth at 2-3, not with the cold depth at 4+."""
+    state = measured({(SHORT, "off"): [30.0] * 4, (SHORT, "max"): [27.0] * 4})
+    for _ in range(4):
+        state.observe(SHORT, 4, "off", 20.0, SECONDS, decay=1.0)  # busier: slower per slot
+    assert set(state.speeds) == {
+        (SHORT.label, 2, "off"),
+        (SHORT.label, 2, "max"),
+        (SHORT.label, 4, "off"),
+    }
+    gap = state.gap("max", "off")
+    assert gap.weight == 4 and gap.mean < 0  # pooled over loads, 27 beat 25 and max looked faster
+    assert gap.chance_faster < 0.2
+
+
+def test_a_cell_measured_cold_only_counts_at_the_measured_gap_shrunk_to_the_prior() -> None:
+    """Short chats drafted well in the deepest epoch; long agent prompts, most of the process's
+    time, never ran there. Leaving them out moved setup-a's process to depth 3, where drafting
+    halves the agents' speed: they count, at the chats' gap shrunk toward the prior."""
+    chats = {(SHORT, "off"): [30.0] * 4, (SHORT, "max"): [36.0] * 4}
+    alone = measured(chats)
+    assert alone.gap("max", "off").chance_faster > 0.8  # the chats alone: max
+    state = measured(chats)
+    for _ in range(4):
+        state.observe(LONG, LEVEL, "off", 12.0, 6 * SECONDS, decay=1.0)
+    gap = state.gap("max", "off")
+    measured_gap = math.log(36 / 30)
+    guess = (4 * measured_gap + PRIOR_REQUESTS * PRIOR_GAP) / (4 + PRIOR_REQUESTS)
+    expected = (80 * measured_gap + 240 * guess) / 320  # by time: chats 2 x 40 s, agents 240 s
+    assert math.isclose(gap.mean, expected) and gap.weight == 4  # the prior is no evidence
+    assert gap.chance_faster < 0.8  # no longer enough to move to max
+    state.profile = "off"
+    assert epoch(state) == Epoch("max", exploring=True)  # still open: measured, not entered
+
+
+def test_an_exploring_epoch_starts_only_on_an_idle_process() -> None:
+    """Started beside long requests at the cold depth, an epoch runs mixed until they end (and
+    measures nothing); on an idle process its requests soon have it to themselves."""
+    state = measured({(SHORT, "off"): [30.0] * 6})
+    assert epoch(state, calm=False) == Epoch("off")
+    assert epoch(state, calm=True) == Epoch("max", exploring=True)
+
+
+def test_exploring_epochs_come_out_of_a_budget() -> None:
+    """The first is free; then no more than ``exploration_rate`` of the busy admissions."""
+    state = measured({(SHORT, "off"): [30.0] * 6, (SHORT, "max"): [28.0, 33.0]})
+    state.profile = "off"
+    assert 0.2 < state.gap("max", "off").chance_faster < 0.8  # open
+    state.explored, state.sent["off"], state.sent["max"] = EPOCH, 92, EPOCH
+    state.finished["max"] = EPOCH
+    assert epoch(state, rate=0.05) == Epoch("off")  # 8 explored > 5 % of 100
+    state.sent["off"] = 152
+    assert epoch(state, rate=0.05) == Epoch("max", exploring=True)  # <= 5 % of 160
+    entered = measured({(SHORT, "off"): [30.0] * 6, (SHORT, "max"): [40.0] * 6})
+    entered.explored = 10 * EPOCH
+    assert epoch(entered, rate=0.05) == Epoch("max")  # known faster: no budget needed
+
+
 def test_one_depth_only_is_always_that_depth() -> None:
     state = measured({(SHORT, "off"): [30.0] * 10})
-    assert next_busy_depth(state, "off", "off", min_samples=4, epoch=EPOCH) == "off"
+    only = next_busy_depth(state, "off", "off", min_samples=4, epoch=EPOCH, rate=1.0)
+    assert only == Epoch("off")
 
 
 def test_equal_speeds_have_no_spread_whatever_rounding_leaves() -> None:
@@ -160,6 +234,10 @@ def test_what_a_process_measured_busy_survives_a_restart(tmp_path: Path) -> None
     assert LearnedStats.load(path, narrower).load_report == "loaded 0 cells, dropped 1"
 
     state_json = json.loads(path.read_bytes())
+    older = json.loads(path.read_bytes())
+    del older["busy"]["m/two"][0]["level"]  # a file from before speeds were kept per load
+    path.write_text(json.dumps(older))
+    assert LearnedStats.load(path, settings).load_report == "loaded 0 cells, dropped 1"
     state_json["busy"]["m/two"][0]["weight"] = -1.0  # read after m/one-copy: all or nothing
     path.write_text(json.dumps(state_json))
     broken = LearnedStats.load(path, settings)

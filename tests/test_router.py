@@ -10,6 +10,7 @@ import pytest
 
 from proxy.pool import BackendPool
 from proxy.routing.busy import BusyDepths
+from proxy.routing.classes import classify
 from proxy.routing.features import RequestFeatures
 from proxy.routing.router import PerRequestModel, Route, Router
 from proxy.routing.settings import RoutingSettings
@@ -272,6 +273,45 @@ def test_the_single_depth_clock_runs_only_while_the_process_is_busy_at_that_dept
     assert backend.single_depth_seconds("max") == 4.0
 
 
+def test_a_run_at_one_depth_knows_how_many_decoded_beside_it() -> None:
+    """The load level a busy run is compared at: the mean number of requests decoding over its
+    time at one depth (2 for 6 s, then 4 for 2 s: 2.5), not what it saw when it started."""
+    router = _one_process_router(RoutingSettings())
+    backend = router.pool.of_model("m")[0]
+    backend.clock = clock = _Clock()
+    pool = router.pool
+    with pool.lease(backend, "max") as run, pool.lease(backend, "max"):
+        clock.now = 6.0
+        with pool.lease(backend, "max"), pool.lease(backend, "max"):
+            clock.now = 8.0
+        assert run.single_depth_s() == 8.0
+        assert run.single_depth_load() == pytest.approx((2 * 6.0 + 4 * 2.0) / 8.0)
+        with pool.lease(backend, "off"):  # mixed: neither clock runs
+            clock.now = 20.0
+        assert run.single_depth_load() == pytest.approx(2.5)
+    assert run.single_depth_load() == pytest.approx(2.5)
+
+
+def test_an_idle_process_starts_a_new_busy_epoch_at_once() -> None:
+    """An idle process has no epoch to keep: the first request of a burst starts a new one, so
+    the deepest depth is explored when its requests will have the process to themselves."""
+    settings = RoutingSettings(min_samples=2, busy_epoch_admissions=8)
+    router = _one_process_router(settings)
+    backend = router.pool.of_model("m")[0]
+    state = router.stats.busy.setdefault(backend.name, BusyDepths())
+    cls = classify(_features("x"), settings)
+    for _ in range(3):
+        state.observe(cls, 2, "off", 30.0, 10.0, decay=1.0)
+    state.profile, state.left = "off", 6  # an epoch at off with admissions left
+    backend.recent_load = 4.0
+    with router.pool.lease(backend, "off"):
+        busy = router.route("m", _features("a"), exclude=())
+        assert busy is not None and (busy.profile, busy.reason) == ("off", "busy")
+    burst = router.route("m", _features("b"), exclude=())  # idle again: a new epoch
+    assert burst is not None and (burst.profile, burst.reason) == ("max", "busy")
+    assert state.exploring and state.explored == 1
+
+
 def test_a_stream_still_processing_its_prompt_decodes_at_no_depth_yet() -> None:
     """A long prompt at off, still being prefilled beside two requests at max, neither stops the
     max clock nor mixes their depths: it joins the decoding requests at its first token."""
@@ -327,16 +367,31 @@ def test_busy_learning_weighs_runs_by_their_time_at_one_depth_not_by_how_fast_th
         fast_from = backend.single_depth_seconds("max")
         clock.now = 10.0
         fast_s = backend.single_depth_seconds("max") - fast_from
-    router.observe(fast, features, usage(400, 10.0), sent_at=0, done_at=10, single_depth_s=fast_s)
+    router.observe(
+        fast,
+        features,
+        usage(400, 10.0),
+        sent_at=0,
+        done_at=10,
+        single_depth_s=fast_s,
+        single_depth_load=4.3,  # four or five decoding on average
+    )
     with router.pool.lease(backend, "off"):  # the next epoch: off beside the slow one
         clock.now = 30.0
         slow_s = backend.single_depth_seconds("max") - slow_from
     slow_lease.__exit__(None, None, None)
     router.observe(
-        slow, features, usage(600, 30.0), sent_at=0, done_at=30, single_depth_s=slow_s, learn=False
+        slow,
+        features,
+        usage(600, 30.0),
+        sent_at=0,
+        done_at=30,
+        single_depth_s=slow_s,
+        single_depth_load=3.6,
+        learn=False,
     )
     # Both spent the same 10 s at max only: they weigh alike, at their own speeds (40 and 20).
-    cell = state.speeds[(fast.request_class.label, "max")]
+    cell = state.speeds[(fast.request_class.label, 4, "max")]  # load level 4 (4+)
     assert cell.weight == pytest.approx(2 * 10.0) and cell.requests == pytest.approx(2.0)
     assert math.exp(cell.mean) == pytest.approx(math.sqrt(40 * 20))
 
@@ -354,10 +409,17 @@ def test_a_cold_pick_at_the_deepest_depth_measures_the_shallowest_next() -> None
         for route in routes:
             assert route is not None
             router.observe(
-                route, _features("x"), usage, sent_at=0.0, done_at=12.0, single_depth_s=10.0
+                route,
+                _features("x"),
+                usage,
+                sent_at=0.0,
+                done_at=12.0,
+                single_depth_s=10.0,
+                single_depth_load=2.0,
             )
-        nxt = router.route("m", _features("next"), exclude=())
-        assert nxt is not None and (nxt.profile, nxt.reason) == ("off", "busy")
+    backend.recent_load = 4.0  # a burst just began on the idle process: it explores now
+    nxt = router.route("m", _features("next"), exclude=())
+    assert nxt is not None and (nxt.profile, nxt.reason) == ("off", "busy")
 
 
 def test_a_busy_epoch_lasts_its_admissions_and_learns_from_time_at_one_depth() -> None:
@@ -378,22 +440,26 @@ def test_a_busy_epoch_lasts_its_admissions_and_learns_from_time_at_one_depth() -
                 route, _features("x"), usage, sent_at=0.0, done_at=12.0, single_depth_s=10.0
             )
         assert state.finished["off"] == 3 and round(state.samples("off"), 1) == 3.0
-        # The cold depth is known: the next epoch tries the deepest one.
-        nxt = router.route("m", _features("next"), exclude=())
-        assert nxt is not None and (nxt.profile, nxt.reason) == ("max", "busy")
-        assert router.snapshot()["busy"][backend.name] == {
-            "profile": "max",
-            "left": 2,
-            "samples": {"off": 3.0},  # requests (decay aside)
-            "outstanding": {"max": 1, "off": 0},
-        }
-        # Half its run beside another depth (or alone): it weighs its 5 s; none of it: nothing.
-        router.observe(nxt, _features("x"), usage, sent_at=0.0, done_at=12.0, single_depth_s=5.0)
-        (cell,) = (c for (_, p), c in state.speeds.items() if p == "max")
-        assert state.finished["max"] == 1 and cell.weight == 5.0
-        router.observe(nxt, _features("x"), usage, sent_at=0.0, done_at=12.0, learn=False)
-        assert state.finished["max"] == 2 and cell.weight == 5.0
-        # A run at one depth throughout weighs its decoding time (10 s), not its prefill.
-        router.observe(nxt, _features("x"), usage, sent_at=0.0, done_at=60.0, single_depth_s=60.0)
-        decay = 0.5 ** (1 / settings.half_life_samples)
-        assert cell.weight == pytest.approx(5.0 * decay + 10.0)
+        # The cold depth is known, but an exploring epoch waits for an idle process.
+        held = router.route("m", _features("held"), exclude=())
+        assert held is not None and (held.profile, held.reason) == ("off", "busy")
+    # The cold depth is known and the process idle: the next epoch tries the deepest one.
+    backend.recent_load = 4.0
+    nxt = router.route("m", _features("next"), exclude=())
+    assert nxt is not None and (nxt.profile, nxt.reason) == ("max", "busy")
+    assert router.snapshot()["busy"][backend.name] == {
+        "profile": "max",
+        "left": 2,
+        "samples": {"off": 3.0},  # requests (decay aside)
+        "outstanding": {"max": 1, "off": 1},
+    }
+    # Half its run beside another depth (or alone): it weighs its 5 s; none of it: nothing.
+    router.observe(nxt, _features("x"), usage, sent_at=0.0, done_at=12.0, single_depth_s=5.0)
+    (cell,) = (c for (_, _, p), c in state.speeds.items() if p == "max")
+    assert state.finished["max"] == 1 and cell.weight == 5.0
+    router.observe(nxt, _features("x"), usage, sent_at=0.0, done_at=12.0, learn=False)
+    assert state.finished["max"] == 2 and cell.weight == 5.0
+    # A run at one depth throughout weighs its decoding time (10 s), not its prefill.
+    router.observe(nxt, _features("x"), usage, sent_at=0.0, done_at=60.0, single_depth_s=60.0)
+    decay = 0.5 ** (1 / settings.half_life_samples)
+    assert cell.weight == pytest.approx(5.0 * decay + 10.0)

@@ -19,6 +19,14 @@ admissions), and each epoch's depth is chosen from what the process achieved at 
    deepest depth gets another epoch now and then: otherwise one unlucky early epoch would rule
    it out for good, since a process that stays cold measures only the cold depth.
 
+The epochs at the deepest depth before it is known to be faster (``Epoch.exploring``) are the
+price of learning, and on a saturated process a slower epoch is paid again as queueing by every
+request behind it. So they are kept cheap: one starts only on an idle process (``calm``: the
+epoch's requests soon decode at its depth alone; started beside long requests at the other
+depth, an epoch ran mixed and measured nothing), and they come out of a budget: the first one,
+then ``exploration_rate`` of the busy admissions. On the routing benchmark's traces this took
+the adaptive policy on setup-a's default trace from 0.77 to 1.04x depth 0 (bench.routing).
+
 What a depth achieved is the decode speed of the requests that ran at it while the process was
 busy at that depth only, as log speed, each weighted by how long it ran so (the pool's
 single-depth clock): the time-weighted mean speed of a slot, which is what the process's
@@ -26,11 +34,16 @@ throughput is made of. Weighting by time, rather than keeping only the runs that
 depth throughout, matters: of the requests of a short epoch, those that finish before the next
 epoch's depth joins them are the fast ones, so that filter measured the deep depth on setup-b
 10 % faster than the cold one when it was 20 % slower. How sure a comparison is counts
-requests, not seconds (a long run is still one request's speed). Speeds are compared class by
-class (context size and content kind): an epoch of long agent prompts and one of short chats
-are not compared with each other, only requests of one class are. (Comparing load level by
-level too, 2-3 apart from 4+ decoding, was tried: the cells filled slower, and on one seed of
-the default trace setup-b went to depth 3 for 88-127 of 159 requests.)
+requests, not seconds (a long run is still one request's speed). Speeds are compared cell by
+cell: the class (context size and content kind) and the load level of the run (how many
+requests decoded together on average over its time at one depth: 2-3 or 4+). A slot's speed
+falls with the requests beside it, and an exploring epoch that starts on an idle process runs
+at a lower load than the cold depth's average: compared across loads, drafting looked faster
+than it was. A cell measured at the cold depth only is not left out: it is taken to differ as
+the measured cells do, shrunk toward the published loss (``PRIOR_GAP``, a prior worth
+``PRIOR_REQUESTS`` requests), and counts by its time like the others. Otherwise an epoch of
+short chats that drafted well would move the process to the deepest depth while its long agent
+prompts, most of its time, had never run there (setup-a: drafting halves their speed at 4+).
 
 Pure: the state is data, the choice is a function of it.
 """
@@ -55,6 +68,14 @@ times ``min_samples`` requests: an early comparison rests on a few requests of a
 DECIDED = 2
 MIN_SD = 0.15
 """Floor of a class's log-speed spread: a few similar requests must not look certain."""
+PRIOR_GAP = math.log(0.75)
+"""What a class not yet measured at the other depth is taken to lose there, in log speed: the
+published llama.cpp runs with 2-4 parallel requests (-22 % at 2, -30 % at 4, -19 % at 4 on
+another GPU). A prior, not evidence: it moves the mean, not the count of requests."""
+PRIOR_SD = 0.3
+PRIOR_REQUESTS = 3.0
+"""How many requests' worth of evidence the prior is: a class not yet measured at the other
+depth is taken to differ as the measured ones do, shrunk toward ``PRIOR_GAP`` by this."""
 
 
 @dataclass(slots=True)
@@ -114,25 +135,36 @@ class BusyDepths:
     """The depth of the current epoch; None before the process was first busy."""
     left: int = 0
     """Admissions left in the current epoch."""
-    speeds: dict[tuple[str, str], LogSpeed] = field(default_factory=dict)
-    """(class label, profile) -> log decode speed while busy at that profile only."""
+    speeds: dict[tuple[str, int, str], LogSpeed] = field(default_factory=dict)
+    """(class label, load level, profile) -> log decode speed while busy at that profile only."""
     sent: Counter[str] = field(default_factory=Counter)
     """Busy admissions per profile."""
     finished: Counter[str] = field(default_factory=Counter)
     """... and how many of them have finished (learned from or not)."""
+    exploring: bool = False
+    """Whether the current epoch explores (``Epoch.exploring``)."""
+    explored: int = 0
+    """Busy admissions of exploring epochs: the budget's spending."""
 
     def observe(
-        self, cls: RequestClass, profile: str, decode_tok_s: float, seconds: float, decay: float
+        self,
+        cls: RequestClass,
+        level: int,
+        profile: str,
+        decode_tok_s: float,
+        seconds: float,
+        decay: float,
     ) -> None:
         """A request at ``profile`` that decoded at ``decode_tok_s`` on average, ``seconds`` of
-        it while the process was busy at ``profile`` only."""
+        it while the process was busy at ``profile`` only, with ``level`` requests decoding
+        then (a load level: ``classes.load_level``)."""
         if decode_tok_s > 0 and seconds > 0:
-            cell = self.speeds.setdefault((cls.label, profile), LogSpeed())
+            cell = self.speeds.setdefault((cls.label, level, profile), LogSpeed())
             cell.add(math.log(decode_tok_s), seconds, decay)
 
     def samples(self, profile: str) -> float:
         """How many requests' worth of speeds the process has at ``profile``."""
-        return sum(e.requests for (_, p), e in self.speeds.items() if p == profile)
+        return sum(e.requests for (_, _, p), e in self.speeds.items() if p == profile)
 
     def outstanding(self, profile: str) -> int:
         return self.sent[profile] - self.finished[profile]
@@ -142,30 +174,31 @@ class BusyDepths:
         return {
             "profile": self.profile,
             "left": self.left,
-            "samples": {p: round(self.samples(p), 2) for p in sorted({p for _, p in self.speeds})},
+            "samples": {p: round(self.samples(p), 2) for p in sorted({k[2] for k in self.speeds})},
             "outstanding": {p: self.outstanding(p) for p in sorted(self.sent)},
         }
 
     def to_json(self) -> list[dict[str, object]]:
         """What it measured (the epoch and its counts are the running process's, not saved)."""
         return [
-            {"class": label, "profile": profile, **asdict(speed)}
-            for (label, profile), speed in sorted(self.speeds.items())
+            {"class": label, "level": level, "profile": profile, **asdict(speed)}
+            for (label, level, profile), speed in sorted(self.speeds.items())
         ]
 
     @classmethod
     def from_json(cls, rows: list[dict[str, Any]], labels: set[str]) -> tuple[BusyDepths, int]:
         """A saved state's measurements, and how many were dropped: a class label no longer
-        in ``labels`` (the context buckets changed since the file was written)."""
+        in ``labels`` (the context buckets changed since the file was written), or a row of a
+        file from before speeds were kept per load level."""
         state, dropped = cls(), 0
         for row in rows:
-            if str(row["class"]) not in labels:
+            if str(row["class"]) not in labels or "level" not in row:
                 dropped += 1
                 continue
             speed = LogSpeed(**{f.name: float(row[f.name]) for f in fields(LogSpeed)})
             if not (speed.weight > 0 and speed.weight2 > 0 and math.isfinite(speed.mean)):
                 raise ValueError(f"not a measurement: {row!r}")
-            state.speeds[(str(row["class"]), str(row["profile"]))] = speed
+            state.speeds[(str(row["class"]), int(row["level"]), str(row["profile"]))] = speed
         return state, dropped
 
     def gap(self, profile: str, reference: str) -> Gap:
@@ -173,34 +206,64 @@ class BusyDepths:
         its share of the time measured at the two depths: what the process's throughput is
         made of (a few long agent prompts can take more of it than many short chats), where
         counting requests would let the short chats decide. How sure the mean is counts
-        requests: each class's spread over the fewer of its two samples."""
-        rows = []
-        for (label, p), own in self.speeds.items():
-            other = self.speeds.get((label, reference))
-            if p != profile or other is None:
+        requests: each class's spread over the fewer of its two samples. A class measured at
+        ``reference`` only counts by its time there, at ``PRIOR_GAP``."""
+        measured, unmeasured = [], []
+        for (label, level, p), own in self.speeds.items():
+            if p != reference:
+                continue
+            other = self.speeds.get((label, level, profile))
+            if other is None:
+                unmeasured.append(own.weight)
                 continue
             n = min(own.requests, other.requests)
             spread = max((s for s in (own.sd, other.sd) if math.isfinite(s)), default=MIN_SD)
-            rows.append((own.weight + other.weight, own.mean - other.mean, max(spread, MIN_SD), n))
-        share = sum(r[0] for r in rows)
-        if not rows or share <= 0:
+            row = (own.weight + other.weight, other.mean - own.mean, max(spread, MIN_SD), n)
+            measured.append(row)
+        evidence = sum(r[3] for r in measured)
+        if evidence <= 0:
             return Gap(0.0, math.inf, 0.0)
+        pooled = sum(t * diff for t, diff, _, _ in measured) / sum(r[0] for r in measured)
+        # A cell measured at ``reference`` only: the measured cells' gap, shrunk toward the
+        # published prior by how little evidence there is.
+        guess = (evidence * pooled + PRIOR_REQUESTS * PRIOR_GAP) / (evidence + PRIOR_REQUESTS)
+        rows = measured + [(t, guess, PRIOR_SD, 0.0) for t in unmeasured]
+        share = sum(r[0] for r in rows)
         mean = sum(t * diff for t, diff, _, _ in rows) / share
         variance = sum((t / share) ** 2 * sd**2 / max(n, 1.0) for t, _, sd, n in rows)
-        return Gap(mean, math.sqrt(variance), sum(r[3] for r in rows))
+        return Gap(mean, math.sqrt(variance), evidence)
 
 
-def next_busy_depth(state: BusyDepths, cold: str, deep: str, min_samples: int, epoch: int) -> str:
-    """The depth of the next busy epoch: ``cold`` or ``deep`` (see the module's docstring)."""
+@dataclass(frozen=True, slots=True)
+class Epoch:
+    """The depth of a busy epoch, and whether it explores: the deepest depth before it is
+    known to be faster, paid for from the exploration budget."""
+
+    profile: str
+    exploring: bool = False
+
+
+def next_busy_depth(
+    state: BusyDepths,
+    cold: str,
+    deep: str,
+    min_samples: int,
+    epoch: int,
+    rate: float,
+    *,
+    calm: bool = True,
+) -> Epoch:
+    """The next busy epoch: at ``cold`` or ``deep`` (see the module's docstring). ``calm``: at
+    most one request decodes on the process now, so an exploring epoch soon has it to itself."""
     if cold == deep or state.samples(cold) < min_samples:
-        return cold
+        return Epoch(cold)
     gap = state.gap(deep, cold)
-    if gap.weight < min_samples / 2:  # the deepest depth is unknown yet: one epoch there
-        return cold if state.outstanding(deep) > epoch / 2 else deep
     chance = gap.chance_faster
-    if state.profile == deep:
-        return deep if chance >= STAY else cold
-    if chance >= ENTER:
-        return deep
+    known = gap.weight >= min_samples / 2
+    if known and chance >= (STAY if state.profile == deep and not state.exploring else ENTER):
+        return Epoch(deep)
     undecided = chance > DROP and gap.weight < DECIDED * min_samples
-    return deep if undecided and state.outstanding(deep) <= epoch / 2 else cold
+    affordable = state.explored == 0 or state.explored <= rate * sum(state.sent.values())
+    if (not known or undecided) and calm and affordable and state.outstanding(deep) <= epoch / 2:
+        return Epoch(deep, exploring=True)
+    return Epoch(cold)

@@ -166,7 +166,7 @@ class Router:
                 b.slots,
                 b.name == holder,
                 b.recent_load,
-                self._busy_depth(b.name, per_request),
+                self._busy_depth(b.name, per_request, calm=b.in_flight == 0),
             )
             for b in self.pool.of_model(model)
             if b.name not in exclude
@@ -189,6 +189,7 @@ class Router:
             busy = self.stats.busy[backend.name]
             busy.left -= 1
             busy.sent[decision.profile] += 1
+            busy.explored += busy.exploring
         decay = self._load_decay
         backend.recent_load = backend.recent_load * decay + (backend.in_flight + 1) * (1 - decay)
         route = self._placed(
@@ -196,12 +197,12 @@ class Router:
         )
         return replace(route, depth=decision.depth, level=decision.level)
 
-    def _busy_depth(self, backend: str, per_request: PerRequestModel) -> str | None:
+    def _busy_depth(self, backend: str, per_request: PerRequestModel, *, calm: bool) -> str | None:
         """The depth of the backend's current busy epoch; the next epoch's once it ran out."""
         if per_request.mixed:
             return None
         state = self.stats.busy.setdefault(backend, BusyDepths())
-        if state.profile is None or state.left <= 0:
+        if state.profile is None or state.left <= 0 or calm:
             depths = per_request.depths
             cold = self.settings.role_profile(self.settings.cold_busy_role)
             shallowest = min(depths, key=lambda p: (depths[p], p))
@@ -209,13 +210,16 @@ class Router:
             first = cold if cold in depths else shallowest
             # The other depth measured: the deepest, or the shallowest when the cold pick is
             # the deepest (cold_busy_role = "max" still learns whether plain decoding is faster).
-            state.profile = next_busy_depth(
+            epoch = next_busy_depth(
                 state,
                 first,
                 deepest if first != deepest else shallowest,
                 self.settings.min_samples,
                 self.settings.busy_epoch_admissions,
+                self.settings.exploration_rate if self.settings.learning else 0.0,
+                calm=calm,
             )
+            state.profile, state.exploring = epoch.profile, epoch.exploring
             state.left = self.settings.busy_epoch_admissions
         return state.profile
 
@@ -315,11 +319,13 @@ class Router:
         spec_delta: SpecCounters | None = None,
         learn: bool = True,
         single_depth_s: float = 0.0,
+        single_depth_load: float = 0.0,
     ) -> Observation:
         """The request's observation; learned from unless ``learn`` is False (it ran at a
         depth the client set itself, which is not its route's profile, or beside another
         depth). ``single_depth_s``: how long it ran while its process was busy at its depth only
-        (what the busy epochs learn from, routing.busy)."""
+        (what the busy epochs learn from, routing.busy), ``single_depth_load`` how many requests
+        decoded together then, on average."""
         self._caches.release(route.backend.name, route.cache_key)
         scale = self.settings.clock_scale
         if scale != 1.0:  # every clock reading is scaled: their differences scale alike
@@ -345,7 +351,10 @@ class Router:
         if busy is not None and self.settings.learning and speed and observation.output_tokens:
             # Its time at one depth, of which no more than it spent decoding (not its prefill).
             seconds = min(single_depth_s * scale, observation.output_tokens / speed)
-            busy.observe(route.request_class, route.profile, speed, seconds, self._busy_decay)
+            level = load_level(single_depth_load, self.settings)
+            busy.observe(
+                route.request_class, level, route.profile, speed, seconds, self._busy_decay
+            )
         if not self.settings.learning or not learn:
             return observation
         # The load over the request's life: the mean of the others in flight when it was sent
