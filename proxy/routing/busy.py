@@ -21,11 +21,12 @@ admissions), and each epoch's depth is chosen from what the process achieved at 
 
 The epochs at the deepest depth before it is known to be faster (``Epoch.exploring``) are the
 price of learning, and on a saturated process a slower epoch is paid again as queueing by every
-request behind it. So they are kept cheap: one starts only on an idle process (``calm``: the
-epoch's requests soon decode at its depth alone; started beside long requests at the other
-depth, an epoch ran mixed and measured nothing), and they come out of a budget: the first one,
-then ``exploration_rate`` of the busy admissions. On the routing benchmark's traces this took
-the adaptive policy on setup-a's default trace from 0.77 to 1.04x depth 0 (bench.routing).
+request behind it. So one starts only on an idle process (``calm``: the first request of a
+burst), whose requests soon decode at its depth alone; started beside long requests at the
+other depth, an epoch ran mixed until they ended and measured nothing, and was repeated. And
+none starts once the deepest depth is clearly slower (a chance below ``DROP``), however few
+requests say so. On the routing benchmark this took the adaptive policy on setup-a's default
+trace from 0.77 to 1.02-1.04x depth 0 (bench.routing).
 
 What a depth achieved is the decode speed of the requests that ran at it while the process was
 busy at that depth only, as log speed, each weighted by how long it ran so (the pool's
@@ -143,8 +144,6 @@ class BusyDepths:
     """... and how many of them have finished (learned from or not)."""
     exploring: bool = False
     """Whether the current epoch explores (``Epoch.exploring``)."""
-    explored: int = 0
-    """Busy admissions of exploring epochs: the budget's spending."""
 
     def observe(
         self,
@@ -237,33 +236,25 @@ class BusyDepths:
 @dataclass(frozen=True, slots=True)
 class Epoch:
     """The depth of a busy epoch, and whether it explores: the deepest depth before it is
-    known to be faster, paid for from the exploration budget."""
+    known to be faster (left at ``ENTER``'s threshold, not ``STAY``'s)."""
 
     profile: str
     exploring: bool = False
 
 
 def next_busy_depth(
-    state: BusyDepths,
-    cold: str,
-    deep: str,
-    min_samples: int,
-    epoch: int,
-    rate: float,
-    *,
-    calm: bool = True,
+    state: BusyDepths, cold: str, deep: str, min_samples: int, epoch: int, *, calm: bool = True
 ) -> Epoch:
-    """The next busy epoch: at ``cold`` or ``deep`` (see the module's docstring). ``calm``: at
-    most one request decodes on the process now, so an exploring epoch soon has it to itself."""
+    """The next busy epoch: at ``cold`` or ``deep`` (see the module's docstring). ``calm``: the
+    process is idle now, so an exploring epoch's requests soon have it to themselves."""
     if cold == deep or state.samples(cold) < min_samples:
         return Epoch(cold)
     gap = state.gap(deep, cold)
     chance = gap.chance_faster
-    known = gap.weight >= min_samples / 2
-    if known and chance >= (STAY if state.profile == deep and not state.exploring else ENTER):
+    staying = state.profile == deep and not state.exploring
+    if gap.weight >= min_samples / 2 and chance >= (STAY if staying else ENTER):
         return Epoch(deep)
-    undecided = chance > DROP and gap.weight < DECIDED * min_samples
-    affordable = state.explored == 0 or state.explored <= rate * sum(state.sent.values())
-    if (not known or undecided) and calm and affordable and state.outstanding(deep) <= epoch / 2:
+    still_open = chance > DROP and gap.weight < DECIDED * min_samples
+    if still_open and calm and state.outstanding(deep) <= epoch / 2:
         return Epoch(deep, exploring=True)
     return Epoch(cold)

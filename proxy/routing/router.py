@@ -189,7 +189,6 @@ class Router:
             busy = self.stats.busy[backend.name]
             busy.left -= 1
             busy.sent[decision.profile] += 1
-            busy.explored += busy.exploring
         decay = self._load_decay
         backend.recent_load = backend.recent_load * decay + (backend.in_flight + 1) * (1 - decay)
         route = self._placed(
@@ -216,7 +215,6 @@ class Router:
                 deepest if first != deepest else shallowest,
                 self.settings.min_samples,
                 self.settings.busy_epoch_admissions,
-                self.settings.exploration_rate if self.settings.learning else 0.0,
                 calm=calm,
             )
             state.profile, state.exploring = epoch.profile, epoch.exploring

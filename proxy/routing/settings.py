@@ -89,9 +89,7 @@ class RoutingSettings(BaseModel):
         ge=0.0,
         le=0.2,
         description="At most this fraction of requests explores another profile (hard cap "
-        "0.2). Thompson sampling decides whether a given draw actually explores. On a "
-        "per-request process it also budgets the busy epochs that explore the deepest depth: "
-        "the first, then this fraction of the busy admissions (proxy/routing/busy.py).",
+        "0.2). Thompson sampling decides whether a given draw actually explores.",
     )
     cold_exploration_rate: float = Field(
         default=0.5,
