@@ -26,7 +26,7 @@ burst), whose requests soon decode at its depth alone; started beside long reque
 other depth, an epoch ran mixed until they ended and measured nothing, and was repeated. And
 none starts once the deepest depth is clearly slower (a chance below ``DROP``), however few
 requests say so. On the routing benchmark this took the adaptive policy on setup-a's default
-trace from 0.77 to 1.02-1.04x depth 0 (bench.routing).
+trace from 0.77 to 1.02x depth 0 (bench.routing, one run; README "Routing").
 
 What a depth achieved is the decode speed of the requests that ran at it while the process was
 busy at that depth only, as log speed, each weighted by how long it ran so (the pool's
@@ -205,8 +205,9 @@ class BusyDepths:
         its share of the time measured at the two depths: what the process's throughput is
         made of (a few long agent prompts can take more of it than many short chats), where
         counting requests would let the short chats decide. How sure the mean is counts
-        requests: each class's spread over the fewer of its two samples. A class measured at
-        ``reference`` only counts by its time there, at ``PRIOR_GAP``."""
+        requests: each class's spread over the fewer of its two samples. A cell measured at
+        ``reference`` only counts by its time there, at the measured cells' gap shrunk toward
+        ``PRIOR_GAP`` (``PRIOR_REQUESTS``), with ``PRIOR_SD`` and no weight as evidence."""
         measured, unmeasured = [], []
         for (label, level, p), own in self.speeds.items():
             if p != reference:
@@ -223,8 +224,6 @@ class BusyDepths:
         if evidence <= 0:
             return Gap(0.0, math.inf, 0.0)
         pooled = sum(t * diff for t, diff, _, _ in measured) / sum(r[0] for r in measured)
-        # A cell measured at ``reference`` only: the measured cells' gap, shrunk toward the
-        # published prior by how little evidence there is.
         guess = (evidence * pooled + PRIOR_REQUESTS * PRIOR_GAP) / (evidence + PRIOR_REQUESTS)
         rows = measured + [(t, guess, PRIOR_SD, 0.0) for t in unmeasured]
         share = sum(r[0] for r in rows)
