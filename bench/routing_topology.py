@@ -84,7 +84,7 @@ def one_copy_model(policy: str, cfg: BenchConfig) -> dict[str, Any]:
 
 
 def _knows_draft_control() -> bool:
-    from proxy.settings import ModelSettings
+    from proxy.config.settings import ModelSettings
 
     return "draft_control" in ModelSettings.model_fields
 

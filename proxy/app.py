@@ -20,11 +20,22 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from proxy import admin, handlers, passthrough, sdnotify
-from proxy.access_log import access_log_middleware
-from proxy.admission import Admission
-from proxy.collectors import PoolCollector
-from proxy.connections import (
+from proxy.config.routing import RoutingSettings
+from proxy.config.settings import Settings
+from proxy.ops import admin, sdnotify
+from proxy.ops.access_log import access_log_middleware
+from proxy.ops.collectors import PoolCollector
+from proxy.ops.drain import REQUESTS, RequestCount, count_requests, drain
+from proxy.ops.metrics import ProxyMetrics
+from proxy.ops.reload import Reloader
+from proxy.plans.auto import apply_plans, on_ready, on_replaced
+from proxy.plans.plan import backend_slots, backend_specs, describe_plan, plans_of
+from proxy.routing.router import Router
+from proxy.routing.stats import LearnedStats, write_atomic
+from proxy.serving import handlers, passthrough
+from proxy.serving.admission import Admission
+from proxy.serving.backends import LiveBackends
+from proxy.serving.connections import (
     CONNECTIONS,
     ConnectionGuard,
     GuardedSite,
@@ -32,23 +43,13 @@ from proxy.connections import (
     connection_cap,
     track_requests,
 )
-from proxy.drain import REQUESTS, RequestCount, count_requests, drain
-from proxy.forward import Timeouts
-from proxy.metrics import ProxyMetrics
-from proxy.middlewares import auth_middleware, error_middleware
-from proxy.model_names import ModelCatalog
-from proxy.plan import backend_slots, backend_specs, describe_plan, plans_of
-from proxy.pool import BackendPool
-from proxy.reload import Reloader
-from proxy.replan import apply_plans, on_ready, on_replaced
-from proxy.routing.router import Router
-from proxy.routing.settings import RoutingSettings
-from proxy.routing.stats import LearnedStats, write_atomic
-from proxy.settings import Settings
+from proxy.serving.forward import Timeouts
+from proxy.serving.middlewares import auth_middleware, error_middleware
+from proxy.serving.model_names import ModelCatalog
 from proxy.state import STATE, ProxyState
 from supervisor.backend import Backend
-from supervisor.pool import Supervisor
 from supervisor.states import BackendState
+from supervisor.supervisor import Supervisor
 
 log = structlog.get_logger("proxy")
 
@@ -59,14 +60,14 @@ _BACKLOG = 4096
 
 def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Application:
     server = settings.server
-    pool = BackendPool()
+    backends = LiveBackends()
     state = ProxyState(
         settings=settings,
         registry=registry,
         metrics=ProxyMetrics(registry),
-        pool=pool,
+        backends=backends,
         models=ModelCatalog(settings.models, settings.model_names),
-        router=Router(settings.routing, pool, _load_stats(settings.routing)),
+        router=Router(settings.routing, backends, _load_stats(settings.routing)),
         admission=Admission(server.max_queue, server.queue_timeout_s),
         timeouts=Timeouts(
             server.connect_timeout_s, server.first_byte_timeout_s, server.idle_timeout_s
@@ -154,12 +155,12 @@ async def _backend_pool(app: web.Application) -> AsyncIterator[None]:
     specs = backend_specs(state.settings, state.plans)
     slots = backend_slots(state.settings, state.plans)
     for spec in specs:
-        state.pool.update(spec, BackendState.STARTING, base_url=None, slots=slots[spec.name])
+        state.backends.update(spec, BackendState.STARTING, base_url=None, slots=slots[spec.name])
     supervisor = Supervisor(
         specs,
         state.settings.supervisor,
         on_change=lambda backend: _track(state, backend),
-        in_flight=state.pool.in_flight,
+        in_flight=state.backends.in_flight,
     )
     state.supervisor = supervisor
     await supervisor.start()
@@ -178,11 +179,11 @@ def _track(state: ProxyState, changed: Backend) -> None:
     # While a changed backend is replaced, two share its name; the supervisor's answer for the
     # name is the one that serves (the old one until the new one is ready).
     current = state.supervisor.backend(changed.name)
-    slot = state.pool.update(current.spec, current.state, current.base_url)
+    slot = state.backends.update(current.spec, current.state, current.base_url)
     if slot.ready:
         on_ready(state, current)
         on_replaced(state, current)
-        state.admission.notify(slot.model, state.pool.free_slots(slot.model))
+        state.admission.notify(slot.model, state.backends.free_slots(slot.model))
     _notify_ready_once_serving(state)
 
 
@@ -192,7 +193,7 @@ def _notify_ready_once_serving(state: ProxyState) -> None:
     the first may be ready long before it: systemd would then send traffic to a closed port)."""
     if state.notified_ready or not state.listening:
         return
-    if all(state.pool.ready_of_model(m) for m in state.models.primary_names()):
+    if all(state.backends.ready_of_model(m) for m in state.models.primary_names()):
         state.notified_ready = True
         sdnotify.notify("READY=1")
 
@@ -268,7 +269,7 @@ async def _serve_on(
         access_log=None,
         shutdown_timeout=_CUT_GRACE_S,
         keepalive_timeout=settings.server.keepalive_timeout_s,
-        auto_decompress=False,  # bodies are inflated by proxy.body, after the key check
+        auto_decompress=False,  # bodies are inflated by proxy.serving.body, after the key check
     )
     reloader = Reloader(app[STATE], config_path)
     stop = asyncio.Event()
@@ -310,7 +311,7 @@ def _bound_port(runner: web.AppRunner) -> int:
 
 @contextlib.contextmanager
 def _signals_handled(stop: asyncio.Event, reloader: Reloader, *, enabled: bool) -> Iterator[None]:
-    """SIGTERM and SIGINT set `stop`; SIGHUP asks for a reload (proxy.reload)."""
+    """SIGTERM and SIGINT set `stop`; SIGHUP asks for a reload (proxy.ops.reload)."""
     if not enabled:  # a caller's own shutdown trigger (tests, embedding) owns the signals
         yield
         return

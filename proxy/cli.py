@@ -9,7 +9,8 @@ from pathlib import Path
 
 import structlog
 
-from proxy.plan import (
+from proxy.config.settings import ConfigError, ModelSettings, Settings, load_settings
+from proxy.plans.plan import (
     ModelPlan,
     backend_specs,
     backend_specs_of,
@@ -17,8 +18,7 @@ from proxy.plan import (
     initial_plan,
     plans_of,
 )
-from proxy.preflight import log_result, pool_fits, render, run_preflight
-from proxy.settings import ConfigError, ModelSettings, Settings, load_settings
+from proxy.plans.preflight import log_result, pool_fits, render, run_preflight
 from supervisor.commandline import LlamaServerNotFoundError
 from supervisor.spec import BackendSpec
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "check-config":
         return _check_config(Path(args.path))
     if command == "status":
-        from proxy.status import print_status
+        from proxy.ops.status import print_status
 
         status: int = print_status(args.url, args.admin_key)
         return status
@@ -120,8 +120,8 @@ def _fallback_memory(model: ModelSettings) -> str:
 
 def _serve(args: argparse.Namespace) -> int:
     from proxy.app import serve
-    from proxy.connections import ListenError
-    from proxy.logs import configure_logging
+    from proxy.ops.logs import configure_logging
+    from proxy.serving.connections import ListenError
 
     settings = _load_or_exit(args.config)
     _backends_or_exit(settings, str(args.config or "<embedded default>"))

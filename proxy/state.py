@@ -14,17 +14,17 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from structlog.typing import FilteringBoundLogger
 
-from proxy.admission import Admission
-from proxy.bookkeeping import Bookkeeping
-from proxy.forward import Timeouts
-from proxy.metrics import ProxyMetrics
-from proxy.model_names import ModelCatalog
-from proxy.plan import ModelPlan
-from proxy.pool import BackendPool
+from proxy.config.settings import Settings
+from proxy.ops.bookkeeping import Bookkeeping
+from proxy.ops.metrics import ProxyMetrics
+from proxy.plans.plan import ModelPlan
 from proxy.routing.router import Router
 from proxy.routing.spec_counters import SpecCounterTracker
-from proxy.settings import Settings
-from supervisor.pool import Supervisor
+from proxy.serving.admission import Admission
+from proxy.serving.backends import LiveBackends
+from proxy.serving.forward import Timeouts
+from proxy.serving.model_names import ModelCatalog
+from supervisor.supervisor import Supervisor
 
 
 class RequestIds:
@@ -44,24 +44,24 @@ class ProxyState:
     settings: Settings
     registry: CollectorRegistry
     metrics: ProxyMetrics
-    pool: BackendPool
+    backends: LiveBackends
     models: ModelCatalog
     router: Router
     timeouts: Timeouts
     admission: Admission
     plans: dict[str, ModelPlan] = field(default_factory=dict)
-    """How each model is served now (proxy.plan); auto's settles at its first probe."""
+    """How each model is served now (proxy.plans.plan); auto's settles at its first probe."""
     replanning: set[str] = field(default_factory=set)
     """Models whose processes are being replaced by another shape: their requests wait."""
     replans: set[asyncio.Task[None]] = field(default_factory=set)
-    """Those replacements (proxy.replan), awaited after the supervisor stopped."""
+    """Those replacements (proxy.plans.auto), awaited after the supervisor stopped."""
     started_at: float = field(default_factory=time.time)
     spec_counters: SpecCounterTracker = field(default_factory=SpecCounterTracker)
     background: set[asyncio.Task[None]] = field(default_factory=set)
     bookkeeping: Bookkeeping = field(default_factory=Bookkeeping)
     request_ids: RequestIds = field(default_factory=RequestIds)
     inflating: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
-    """gzip request bodies inflated at once (proxy.body)."""
+    """gzip request bodies inflated at once (proxy.serving.body)."""
     session: aiohttp.ClientSession | None = None
     supervisor: Supervisor | None = None
     listening: bool = False  # the listener is up: READY=1 may be sent from now on

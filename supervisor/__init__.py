@@ -3,10 +3,10 @@ stop. Knows nothing of HTTP routing; the proxy depends on it, never the reverse.
 
 from supervisor.backend import Backend, InFlight, OnChange
 from supervisor.commandline import LlamaServerNotFoundError, llama_server_argv, resolve_llama_server
-from supervisor.pool import Supervisor
 from supervisor.settings import SupervisorSettings
 from supervisor.spec import BackendSpec, DraftSpec
 from supervisor.states import BackendState
+from supervisor.supervisor import Supervisor
 
 __all__ = [
     "Backend",

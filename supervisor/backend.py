@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from supervisor.probe import DraftControl
+from supervisor.draft_probe import DraftControl
 from supervisor.spec import BackendSpec
 from supervisor.states import BackendState
 
@@ -48,7 +48,7 @@ class Backend(Protocol):
     @property
     def last_log_lines(self) -> tuple[str, ...]: ...
     @property
-    def draft_control(self) -> DraftControl | None: ...  # supervisor.probe; None until probed
+    def draft_control(self) -> DraftControl | None: ...  # supervisor.draft_probe; None until probed
     @property
     def draft_control_reason(self) -> str | None: ...  # what the probe saw
     def snapshot(self) -> dict[str, object]: ...  # JSON-ready, for an admin endpoint

@@ -17,8 +17,8 @@ import aiohttp
 import structlog
 
 from supervisor.backend import Backend, InFlight, OnChange
-from supervisor.health import probe_health
-from supervisor.probe import DraftControl, probe_draft_control, speculation_in
+from supervisor.draft_probe import DraftControl, probe_draft_control, speculation_in
+from supervisor.health import check_health
 from supervisor.process import ChildProcess, describe_exit, free_loopback_port
 from supervisor.settings import SupervisorSettings
 from supervisor.spec import BackendSpec
@@ -219,7 +219,7 @@ class Child:
         self._set_state(S.STARTING, reason)
 
     async def _probe_draft_control(self) -> None:
-        """Before READY: can a request set this backend's draft depth? (supervisor.probe)"""
+        """Before READY: can a request set this backend's draft depth? (supervisor.draft_probe)"""
         spec = self._spec
         found = await probe_draft_control(
             self._http(),
@@ -322,7 +322,7 @@ class Child:
         while True:
             if proc.exited:
                 return await self._ended(f"{describe_exit(proc.returncode)} before ready", proc)
-            probe = await probe_health(self._http(), self._url(), settings.health_timeout_s)
+            probe = await check_health(self._http(), self._url(), settings.health_timeout_s)
             if probe.ok and not proc.exited:
                 loaded = time.monotonic() - proc.started_at
                 await self._probe_draft_control()
@@ -348,7 +348,7 @@ class Child:
             began = time.monotonic()
             if proc is not None and proc.exited:
                 return await self._ended(describe_exit(proc.returncode), proc)
-            probe = await probe_health(self._http(), self._url(), settings.health_timeout_s)
+            probe = await check_health(self._http(), self._url(), settings.health_timeout_s)
             now = time.monotonic()
             if proc is not None and proc.exited:
                 continue

@@ -15,7 +15,7 @@ class Probe:
     detail: str  # what was seen, for logs and state reasons
 
 
-async def probe_health(session: aiohttp.ClientSession, base_url: str, timeout_s: float) -> Probe:
+async def check_health(session: aiohttp.ClientSession, base_url: str, timeout_s: float) -> Probe:
     """GET {base_url}/health. llama-server: refused, then 503 "Loading model", then 200."""
     try:
         async with session.get(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import ProxyProcess, proxy_config, running_proxy, wait_all_ready
+from tests.support.harness import ProxyProcess, proxy_config, running_proxy, wait_all_ready
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import functools
 import itertools
 from dataclasses import dataclass
 
+from proxy.config.routing import RoutingSettings
 from proxy.routing.features import ContentKind, RequestFeatures
-from proxy.routing.settings import RoutingSettings
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -38,10 +38,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from proxy.config.routing import RoutingSettings
 from proxy.routing.classes import RequestClass, classify_tokens, load_level, neighbours
 from proxy.routing.features import RequestFeatures
 from proxy.routing.policy import FALLBACK_ORDER, MIN_SD_FRACTION, Reason
-from proxy.routing.settings import RoutingSettings
 from proxy.routing.stats import Estimate
 
 

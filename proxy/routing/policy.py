@@ -26,9 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from proxy.config.routing import Role, RoutingSettings
 from proxy.routing.classes import RequestClass, classify_tokens, neighbours
 from proxy.routing.features import RequestFeatures
-from proxy.routing.settings import Role, RoutingSettings
 from proxy.routing.stats import Estimate
 
 Reason = Literal["pinned", "affinity", "learned", "explore", "rule", "spill", "fallback", "busy"]

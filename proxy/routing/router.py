@@ -15,14 +15,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.forward import Relayed
-from proxy.pool import BackendPool, BackendSlot
+from proxy.config.routing import RoutingSettings, decay_factor
 from proxy.routing.busy import BusyDepths, next_busy_depth
 from proxy.routing.classes import RequestClass, classify, load_level
 from proxy.routing.depth import Replica, decide_depth
 from proxy.routing.features import Api, RequestFeatures, extract_features
 from proxy.routing.policy import Candidate, decide
-from proxy.routing.settings import RoutingSettings, decay_factor
 from proxy.routing.slot_caches import SlotCaches
 from proxy.routing.stats import LearnedStats
 from proxy.routing.telemetry import (
@@ -33,11 +31,13 @@ from proxy.routing.telemetry import (
     make_observation,
     parse_body,
 )
+from proxy.serving.backends import LiveBackend, LiveBackends
+from proxy.serving.forward import Relayed
 
 
 @dataclass(frozen=True)
 class Route:
-    backend: BackendSlot
+    backend: LiveBackend
     profile: str
     reason: str
     detail: str
@@ -78,13 +78,13 @@ class Router:
     def __init__(
         self,
         settings: RoutingSettings,
-        pool: BackendPool,
+        backends: LiveBackends,
         stats: LearnedStats | None = None,
         *,
         rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
-        self.pool = pool
+        self.backends = backends
         self.stats = stats or LearnedStats(settings)
         self._rng = rng or random.Random(settings.seed)
         # key -> (backend, last used), least recently used first; at most max_sessions.
@@ -114,13 +114,13 @@ class Router:
             return self._route_depth(model, per_request, features, exclude)
         holder = self._holder(features.session_key)
         pinned = self.pinned_profile(model, features, exclude)
-        backends = self.pool.of_model(model)
+        backends = self.backends.of_model(model)
         resident_tokens = self.settings.resident_session_tokens
         for b in backends:
             self._caches.trim(b.name, b.in_flight, b.slots)
         candidates = [
             # A full backend is no candidate: llama-server would queue the request out of
-            # sight; the proxy spills it elsewhere or queues it in order (proxy.admission).
+            # sight; the proxy spills it elsewhere or queues it in order (proxy.serving.admission).
             # Except the session's cache holder: queueing there can cost far less than
             # re-processing a long prompt elsewhere, and the policy weighs exactly that. And
             # the profile a client pinned: it asked for that profile, full or not.
@@ -142,7 +142,7 @@ class Router:
         )
         if decision is None:
             return None
-        backend = self.pool.get(decision.backend)
+        backend = self.backends.get(decision.backend)
         if backend is None:
             return None
         return self._placed(
@@ -168,7 +168,7 @@ class Router:
                 b.recent_load,
                 self._busy_depth(b.name, per_request, calm=b.in_flight == 0),
             )
-            for b in self.pool.of_model(model)
+            for b in self.backends.of_model(model)
             if b.name not in exclude
         ]
         decision = decide_depth(
@@ -182,7 +182,7 @@ class Router:
         )
         if decision is None:
             return None
-        backend = self.pool.get(decision.backend)
+        backend = self.backends.get(decision.backend)
         if backend is None:
             return None
         if decision.reason == "busy":
@@ -224,7 +224,7 @@ class Router:
     def _placed(
         self,
         model: str,
-        backend: BackendSlot,
+        backend: LiveBackend,
         features: RequestFeatures,
         profile: str,
         reason: str,
@@ -272,7 +272,8 @@ class Router:
             # Every replica serves every profile; a pin waits for a free slot like any request.
             return None
         ready = any(
-            b.profile == profile and b.name not in exclude for b in self.pool.ready_of_model(model)
+            b.profile == profile and b.name not in exclude
+            for b in self.backends.ready_of_model(model)
         )
         return profile if ready else None
 

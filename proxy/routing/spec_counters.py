@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import aiohttp
 
-from proxy.pool import BackendSlot
 from proxy.routing.telemetry import SpecCounters, parse_spec_counters
+from proxy.serving.backends import LiveBackend
 
 _TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 
@@ -22,7 +22,7 @@ class SpecCounterTracker:
         self._baselines: dict[str, tuple[SpecCounters, int]] = {}
 
     async def delta_after(
-        self, session: aiohttp.ClientSession, backend: BackendSlot, sequence: int
+        self, session: aiohttp.ClientSession, backend: LiveBackend, sequence: int
     ) -> SpecCounters | None:
         """Read the counters after request number `sequence` finished; its exact delta or None."""
         counters = await self._read(session, backend)
@@ -37,7 +37,7 @@ class SpecCounterTracker:
         return counters - previous[0]
 
     async def _read(
-        self, session: aiohttp.ClientSession, backend: BackendSlot
+        self, session: aiohttp.ClientSession, backend: LiveBackend
     ) -> SpecCounters | None:
         try:
             async with session.get(f"{backend.base_url}/metrics", timeout=_TIMEOUT) as response:

@@ -24,10 +24,10 @@ from typing import Any
 
 import structlog
 
+from proxy.config.routing import RoutingSettings, decay_factor
 from proxy.routing.busy import BusyDepths
 from proxy.routing.classes import RequestClass, bucket_labels
 from proxy.routing.features import IMAGE_TOKENS, TEMPLATE_TOKENS_PER_MESSAGE, RequestFeatures
-from proxy.routing.settings import RoutingSettings, decay_factor
 from proxy.routing.telemetry import Observation
 
 _STATE_VERSION = 1

@@ -13,8 +13,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from proxy.config.settings import ConfigError, ModelSettings, Settings, load_settings
 from proxy.routing.features import extract_features
-from proxy.settings import ConfigError, ModelSettings, Settings, load_settings
 from proxy.tune import chart
 from proxy.tune.analysis import analyse
 from proxy.tune.grid import DEFAULT_SPEC_TYPE, DraftSetting, GridError, default_grid, parse_grid
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     except StoreError as exc:
         print(f"mtp-proxy tune: {exc}", file=sys.stderr)
         return 2
-    from proxy.logs import configure_logging
+    from proxy.ops.logs import configure_logging
 
     configure_logging("error", "console", secrets=[])  # the supervisor's lines would drown the bar
     return asyncio.run(_tune(args, settings, model, grid, workload, store))

@@ -1,7 +1,7 @@
 """One backend process for one draft setting, started and stopped by the supervisor's Child.
 
 The command line is the one the proxy would run for a profile of that setting
-(``proxy.plan.backend_specs_of``: the model's args, the setting's draft flags), so tune
+(``proxy.plans.plan.backend_specs_of``: the model's args, the setting's draft flags), so tune
 measures what serving will run. Processes are started one at a time: never more than one copy
 of the weights in memory.
 """
@@ -13,8 +13,8 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 
-from proxy.plan import backend_specs_of
-from proxy.settings import ModelSettings, ProfileSettings
+from proxy.config.settings import ModelSettings, ProfileSettings
+from proxy.plans.plan import backend_specs_of
 from proxy.tune.grid import DraftSetting
 from supervisor.child import Child
 from supervisor.settings import SupervisorSettings

@@ -13,8 +13,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from proxy.config.routing import RoutingSettings
 from proxy.routing.classes import RequestClass
-from proxy.routing.settings import RoutingSettings
 from proxy.routing.stats import LearnedStats
 from proxy.tune.analysis import Cell, Table
 from proxy.tune.grid import OFF, DraftSetting

@@ -20,7 +20,7 @@ from typing import Literal
 
 import aiohttp
 
-from proxy.settings import ModelSettings
+from proxy.config.settings import ModelSettings
 from proxy.tune.grid import DraftSetting
 from proxy.tune.launch import LaunchError, running
 from proxy.tune.measure import MeasureError, Measurement, measure

@@ -1,0 +1,52 @@
+"""The canonical request line for every request that no handler logs itself.
+
+Generation requests write a rich line of their own (route, tokens, timings); everything else (a
+404, a 405, a HEAD, /v1/models, /health, a forwarded /tokenize) gets one here, with the same
+fields: method, path with its query, user agent, status, duration. So the log shows what every
+client calls, including what the proxy does not serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from proxy.ops.request_log import LOGGED, request_logger
+from proxy.state import STATE
+
+CLIENT_CLOSED = 499  # nginx's status for a request whose client left before its answer
+LOG_FIELDS = "mtp_proxy.log_fields"
+"""Request key: extra fields for the line (e.g. the model and backend a forwarded call used)."""
+
+
+@web.middleware
+async def access_log_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    received = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    except (asyncio.CancelledError, ConnectionError):
+        status = CLIENT_CLOSED
+        raise
+    finally:
+        if not request.get(LOGGED):
+            _defer_line(request, status, time.perf_counter() - received)
+
+
+def _defer_line(request: web.Request, status: int, elapsed: float) -> None:
+    fields = request.get(LOG_FIELDS) or {}
+
+    def record() -> None:
+        request_logger(request, fields.pop("api", None)).info(
+            "request", status=status, duration_s=round(elapsed, 4), **fields
+        )
+
+    request.app[STATE].bookkeeping.defer(record)

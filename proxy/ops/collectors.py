@@ -1,0 +1,135 @@
+"""Metrics read at scrape time from the objects that own the facts: backends and learned stats.
+
+Reading them when Prometheus asks costs nothing on the request path and can never drift from
+the truth the admin endpoints show.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, get_args
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from supervisor.draft_probe import DraftControl
+from supervisor.states import BackendState
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from proxy.state import ProxyState
+
+
+class PoolCollector(Collector):
+    def __init__(self, state: ProxyState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._backend_metrics()
+        yield self._draft_control_metric()
+        yield from self._queue_metrics()
+        yield from self._learned_metrics()
+
+    def _backend_metrics(self) -> Iterator[Metric]:
+        labels = ["backend", "model", "profile"]
+        in_flight = GaugeMetricFamily(
+            "mtp_proxy_backend_in_flight", "Requests being served by each backend.", labels=labels
+        )
+        state = GaugeMetricFamily(
+            "mtp_proxy_backend_state",
+            "1 for the state each backend is in, 0 for the others.",
+            labels=[*labels, "state"],
+        )
+        ready = GaugeMetricFamily(
+            "mtp_proxy_backend_ready", "1 when the backend takes requests.", labels=labels
+        )
+        slots = GaugeMetricFamily(
+            "mtp_proxy_backend_slots",
+            "Requests each backend serves at once (its llama-server -np); in-flight beyond it "
+            "would queue inside llama-server, so the proxy queues instead.",
+            labels=labels,
+        )
+        restarts = CounterMetricFamily(
+            "mtp_proxy_backend_restarts",
+            "Times the supervisor restarted the backend.",
+            labels=labels,
+        )
+        crash_loops = CounterMetricFamily(
+            "mtp_proxy_backend_crash_loops",
+            "Times the backend was marked failed for crashing repeatedly.",
+            labels=labels,
+        )
+        health_failures = CounterMetricFamily(
+            "mtp_proxy_backend_health_check_failures",
+            "Health checks the backend failed.",
+            labels=labels,
+        )
+        supervised = self._supervised()
+        for slot in self._state.backends.all():
+            values = [slot.name, slot.model, slot.profile]
+            in_flight.add_metric(values, slot.in_flight)
+            ready.add_metric(values, 1.0 if slot.ready else 0.0)
+            slots.add_metric(values, slot.slots)
+            for each in BackendState:
+                state.add_metric([*values, each.value], 1.0 if slot.state == each else 0.0)
+            backend = supervised.get(slot.name)
+            restarts.add_metric(values, getattr(backend, "restarts", 0))
+            crash_loops.add_metric(values, getattr(backend, "crash_loops", 0))
+            health_failures.add_metric(values, getattr(backend, "health_failures", 0))
+        yield from (in_flight, state, ready, slots, restarts, crash_loops, health_failures)
+
+    def _draft_control_metric(self) -> Metric:
+        family = GaugeMetricFamily(
+            "mtp_proxy_backend_draft_control",
+            "1 for what the backend's probe found: per-request (it honours speculative.n_max), "
+            "ignored (it does not, or the probe failed) or none (no speculation); all 0 until "
+            "probed.",
+            labels=["backend", "control"],
+        )
+        for name, backend in self._supervised().items():
+            found = getattr(backend, "draft_control", None)
+            for control in get_args(DraftControl):
+                family.add_metric([name, control], 1.0 if found == control else 0.0)
+        return family
+
+    def _supervised(self) -> dict[str, object]:
+        supervisor = self._state.supervisor
+        return {b.spec.name: b for b in supervisor.backends} if supervisor else {}
+
+    def _queue_metrics(self) -> Iterator[Metric]:
+        queued = GaugeMetricFamily(
+            "mtp_proxy_queued_requests",
+            "Requests waiting for backend capacity, by model.",
+            labels=["model"],
+        )
+        for model in self._state.models.primary_names():
+            queued.add_metric([model], self._state.admission.queued(model))
+        yield queued
+
+    def _learned_metrics(self) -> Iterator[Metric]:
+        labels = ["model", "request_class", "profile"]
+        speed = GaugeMetricFamily(
+            "mtp_proxy_learned_decode_tokens_per_second",
+            "Learned decode speed per request class and profile.",
+            labels=labels,
+        )
+        acceptance = GaugeMetricFamily(
+            "mtp_proxy_learned_acceptance_ratio",
+            "Learned draft acceptance per request class and profile.",
+            labels=labels,
+        )
+        samples = GaugeMetricFamily(
+            "mtp_proxy_learned_samples",
+            "Effective (decayed) sample count behind each learned estimate.",
+            labels=labels,
+        )
+        for row in self._state.router.learned_rows():
+            values = [row.model, row.request_class, row.profile]
+            # No estimate yet (e.g. acceptance of a profile that never drafts): no series, not NaN.
+            for family, value in ((speed, row.decode_tok_s), (acceptance, row.acceptance)):
+                if not math.isnan(value):
+                    family.add_metric(values, value)
+            samples.add_metric(values, row.samples)
+        yield from (speed, acceptance, samples)

@@ -1,0 +1,398 @@
+"""One generation request: route, forward (retrying before the first byte), relay, record."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from structlog.typing import FilteringBoundLogger
+
+from proxy.ops.request_log import LOGGED, request_logger
+from proxy.routing.features import Api
+from proxy.routing.router import Route
+from proxy.routing.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
+from proxy.serving.admission import QueueRefused
+from proxy.serving.depth_field import DEPTH_KEY, with_depth
+from proxy.serving.errors import error_response
+from proxy.serving.forward import (
+    Relayed,
+    UpstreamUnavailable,
+    is_event_stream,
+    open_upstream,
+    relay_body,
+    relay_stream,
+    upstream_headers,
+    upstream_url,
+)
+from proxy.serving.responses_events import ResponsesEventIndexer
+from proxy.state import ProxyState
+
+_RETRY_AFTER_S = 2.0
+_CLIENT_CLOSED = 499  # nginx's status for a request whose client left before the answer ended
+# Answers without per-request draft counts: acceptance comes from the backend's /metrics.
+_NO_TIMINGS = frozenset({"messages", "responses"})
+
+
+class Exchange:
+    def __init__(
+        self,
+        state: ProxyState,
+        request: web.Request,
+        api: Api,
+        model: str,
+        raw: bytes,
+        body: dict[str, Any],
+        received: float,
+    ) -> None:
+        self.state, self.request, self.api, self.model = state, request, api, model
+        self.raw, self.received = raw, received
+        self.dialect = "anthropic" if api == "messages" else "openai"
+        self.features = state.router.features(api, model, body, request.headers)
+        self.features_model = body.get("model")
+        self.sink: StreamTelemetry | None = None
+        self.route: Route | None = None
+        self.relayed: Relayed | None = None  # the current attempt's, once its answer started
+        self.sent_at = received
+        self.sequence = 0
+        request[LOGGED] = True  # every way out of an exchange writes the request's line
+        self.own_depth = DEPTH_KEY in body  # the client chose its depth: it is not replaced
+        self.ran_mixed = False  # decoded beside another depth on its process (not learned from)
+        self.single_depth_s = 0.0  # ... and how long it ran busy beside its own depth only
+        self.single_depth_load = 0.0  # ... with how many decoding then, on average
+        self.failed: dict[str, int] = {}  # backend -> generation that failed before answering
+
+    @functools.cached_property
+    def log(self) -> FilteringBoundLogger:
+        """Bound at the first line about the request, in the deferred bookkeeping for most:
+        binding it up front cost the forward path ~35 us on a cold CPU."""
+        return request_logger(self.request, self.api)
+
+    async def run(self) -> web.StreamResponse:
+        try:
+            return await self._run()
+        # The client went away: aiohttp cancels the handler, or a write to it fails first.
+        except (asyncio.CancelledError, ConnectionError):
+            self._abandoned()
+            raise
+
+    async def _run(self) -> web.StreamResponse:
+        tried: set[str] = set()
+        for _ in range(1 + self.state.settings.server.retry_before_first_byte):
+            tried = self._excluded()
+            if not self._others_ready(tried) and not self._may_wait(tried):
+                break  # nothing (else) to wait for: say so at once
+            refusal = await self._admit(tried)
+            if refusal is not None:
+                return refusal
+            tried = self._excluded()
+            try:
+                route = self.state.router.route(self.model, self.features, exclude=tried)
+                if route is None:
+                    continue  # the slot went to another request between wake-up and routing
+                self.route = route
+                self.state.metrics.decisions.labels(self.model, route.reason, route.profile).inc()
+                try:
+                    return await self._attempt(route)
+                except UpstreamUnavailable as exc:
+                    self.failed[route.backend.name] = route.backend.generation
+                    tried = self._excluded()
+                    self.state.metrics.retries.labels(self.model).inc()
+                    self.log.warning(
+                        "upstream_unavailable", backend=route.backend.name, error=str(exc)
+                    )
+            finally:
+                self.state.admission.notify(self.model, self.state.backends.free_slots(self.model))
+        return self._unavailable(tried)
+
+    def _others_ready(self, tried: set[str]) -> bool:
+        return any(b.name not in tried for b in self.state.backends.ready_of_model(self.model))
+
+    def _excluded(self) -> set[str]:
+        """Backends that failed this request, as long as the same process runs there: one
+        that restarted since (a new generation) may be tried again."""
+        pool = self.state.backends
+        return {
+            name
+            for name, generation in self.failed.items()
+            if (slot := pool.get(name)) is None or slot.generation == generation
+        }
+
+    def _may_wait(self, tried: set[str]) -> bool:
+        """A model served by one process (per replica) waits in its queue while the process
+        (re)starts, bounded by the queue timeout, rather than failing at once; so does one whose
+        shape is being changed (auto falling back to the pool)."""
+        state = self.state
+        if self.model not in state.router.per_request and self.model not in state.replanning:
+            return False
+        # A process that just failed this request still looks ready until the supervisor sees
+        # it exit: it comes back too (a new generation), unless it was given up (FAILED).
+        return any(
+            b.coming_back or (b.ready and b.name in tried)
+            for b in state.backends.of_model(self.model)
+        )
+
+    async def _admit(self, tried: set[str]) -> web.Response | None:
+        """Wait in line for a free slot on a backend not yet tried; a 429 if there is none."""
+        state = self.state
+        # Pinned to a ready profile: it waits for a slot of that profile, in a lane of its own.
+        pinned = state.router.pinned_profile(self.model, self.features, tried)
+
+        def has_room() -> bool:
+            excluded = self._excluded() if self.failed else tried  # a restart lifts it
+            return any(
+                b.has_room and b.name not in excluded and (pinned is None or b.profile == pinned)
+                for b in state.backends.ready_of_model(self.model)
+            )
+
+        try:
+            await state.admission.admit(self.model, has_room, lane=pinned)
+        except QueueRefused as refused:
+            self._refused(429, str(refused))
+            return error_response(
+                self.dialect,  # type: ignore[arg-type]
+                429,
+                f"too many requests queued: {refused}",
+                retry_after=refused.retry_after_s,
+            )
+        return None
+
+    def _unavailable(self, tried: set[str]) -> web.Response:
+        status = 502 if tried else 503
+        message = (
+            f"every backend tried failed before answering ({', '.join(sorted(tried))})"
+            if tried
+            else f"no backend of model {self.model!r} is ready; retry shortly"
+        )
+        self._refused(status, message)
+        return error_response(self.dialect, status, message, retry_after=_RETRY_AFTER_S)  # type: ignore[arg-type]
+
+    async def _attempt(self, route: Route) -> web.StreamResponse:
+        state = self.state
+        backend = route.backend
+        headers = upstream_headers(
+            self.request.headers, forward_auth=state.settings.server.forward_client_auth
+        )
+        url = upstream_url(backend.base_url, self.request.raw_path)
+        body = self.raw
+        if route.depth is not None and not self.own_depth:
+            body = with_depth(body, route.depth)
+        with state.backends.lease(backend, route.profile, prefill=self.features.stream) as lease:
+            self.sequence = sequence = backend.started_total
+            self.sent_at = sent_at = time.perf_counter()
+            response = await open_upstream(state.client(), url, body, headers, state.timeouts)
+            async with response:
+                out, relayed = await self._relay(response, route, lease.decoding)
+            self.ran_mixed = lease.ran_mixed
+            self.single_depth_s = lease.single_depth_s()
+            self.single_depth_load = lease.single_depth_load()
+        if relayed.status < 400:  # errors go back through the middleware that reshapes them
+            await self._send(out)
+        done_at = time.perf_counter()
+        state.bookkeeping.defer(lambda: self._record(route, relayed, sent_at, done_at, sequence))
+        return out
+
+    async def _send(self, out: web.StreamResponse) -> None:
+        """Write a complete answer now: the bookkeeping (telemetry, metrics, the log line) is
+        deferred (proxy.ops.bookkeeping), and aiohttp would otherwise write it only after the
+        handler returned."""
+        if out.prepared:
+            return  # a stream: already sent
+        with contextlib.suppress(ConnectionError):  # the client left; the request still counts
+            await out.prepare(self.request)
+            await out.write_eof()
+
+    async def _relay(
+        self, response: aiohttp.ClientResponse, route: Route, first_chunk: Callable[[], None]
+    ) -> tuple[web.StreamResponse, Relayed]:
+        extra = {
+            "X-MTP-Profile": route.profile,
+            "X-MTP-Route-Reason": route.reason,
+            "X-MTP-Backend": route.backend.name,
+        }
+        idle = self.state.timeouts.idle_s
+        if is_event_stream(response):
+            self.sink = self.state.router.stream_telemetry(self.api)
+            self.relayed = Relayed(status=response.status, streamed=True)
+            indexer = None
+            if self.api == "responses" and self.state.settings.compat.responses_stream_indices:
+                indexer = ResponsesEventIndexer(self._requested_model())
+            return await relay_stream(
+                self.request,
+                response,
+                extra,
+                api=self.api,
+                sink=self.sink,
+                idle_s=idle,
+                relayed=self.relayed,
+                rewriter=indexer,
+                first_chunk=first_chunk,
+            )
+        return await relay_body(response, extra, idle)
+
+    def _requested_model(self) -> str:
+        named = self.features_model
+        return named if isinstance(named, str) and named else self.model
+
+    def _record(
+        self, route: Route, relayed: Relayed, sent_at: float, done_at: float, sequence: int
+    ) -> None:
+        state = self.state
+        state.metrics.overhead.labels(self.api).observe(sent_at - self.received)
+        usage = state.router.usage(self.api, relayed, self.sink, done_at)
+        self._count(route.profile, route.class_label, relayed.status)
+        elapsed = done_at - self.received
+        state.metrics.latency.labels(self.model, self.api, route.profile).observe(elapsed)
+        if relayed.first_chunk_at is not None:
+            ttft = relayed.first_chunk_at - self.received
+            state.metrics.ttft.labels(self.model, self.api, route.profile).observe(ttft)
+        if relayed.upstream_error:
+            state.metrics.upstream_failures.labels(self.model, route.profile).inc()
+        if relayed.status != 200:
+            self._log(route, relayed, elapsed, usage, None)
+        elif self.api in _NO_TIMINGS and not usage.has_timings:
+            # Reading /metrics takes a round trip: done after the answer went out, and the
+            # request's log line waits for it so that it carries the acceptance.
+            task = asyncio.get_running_loop().create_task(
+                self._observe_with_counters(route, relayed, elapsed, usage, sent_at, sequence)
+            )
+            state.background.add(task)
+            task.add_done_callback(state.background.discard)
+        else:
+            observation = self._observe(route, usage, sent_at, done_at)
+            self._log(route, relayed, elapsed, usage, observation)
+
+    async def _observe_with_counters(
+        self,
+        route: Route,
+        relayed: Relayed,
+        elapsed: float,
+        usage: ParsedUsage,
+        sent_at: float,
+        sequence: int,
+    ) -> None:
+        done_at = self.received + elapsed
+        delta = await self.state.spec_counters.delta_after(
+            self.state.client(), route.backend, sequence
+        )
+        observation = self._observe(route, usage, sent_at, done_at, delta)
+        self._log(route, relayed, elapsed, usage, observation)
+
+    def _observe(
+        self,
+        route: Route,
+        usage: ParsedUsage,
+        sent_at: float,
+        done_at: float,
+        spec_delta: SpecCounters | None = None,
+    ) -> Observation:
+        observation = self.state.router.observe(
+            route,
+            self.features,
+            usage,
+            sent_at=sent_at,
+            done_at=done_at,
+            spec_delta=spec_delta,
+            # A per-request depth is learned from runs at that depth alone: beside another
+            # depth the speed is the mix's (routing.depth).
+            learn=route.depth is None or not (self.own_depth or self.ran_mixed),
+            single_depth_s=0.0 if self.own_depth else self.single_depth_s,
+            single_depth_load=self.single_depth_load,
+        )
+        self.state.metrics.record_observation(self.model, route.profile, observation)
+        return observation
+
+    def _log(
+        self,
+        route: Route,
+        relayed: Relayed,
+        elapsed: float,
+        usage: ParsedUsage,
+        observation: Observation | None,
+    ) -> None:
+        fields: dict[str, Any] = {}
+        if observation is not None:
+            fields = {
+                "context_tokens": observation.context_tokens,
+                "cached_tokens": observation.cached_tokens,
+                "output_tokens": observation.output_tokens,
+                "draft_n": observation.draft_n,
+                "draft_accepted": observation.draft_n_accepted,
+                "acceptance": observation.acceptance,
+                "decode_tok_s": observation.decode_tok_s,
+                "ttft_s": observation.ttft_s,
+            }
+        else:
+            fields = {"output_tokens": usage.output_tokens or usage.predicted_n}
+        self.log.info(
+            "request",
+            **self._where(route),
+            detail=route.detail,
+            status=relayed.status,
+            stream=relayed.streamed,
+            duration_s=round(elapsed, 4),
+            upstream_error=relayed.upstream_error,
+            est_prompt_tokens=self.features.est_prompt_tokens,
+            kind=self.features.kind,
+            **fields,
+        )
+
+    def _abandoned(self) -> None:
+        """The request still gets its count and log line, with where it went if it got that far."""
+        message = "the client disconnected before its answer was complete"
+        route, relayed = self.route, self.relayed
+        if route is not None and relayed is not None and relayed.final_relayed:
+            # The final event reached the client before it closed: a complete answer (Codex
+            # closes right after response.completed), logged, counted and learned as one.
+            done_at = relayed.last_chunk_at or time.perf_counter()
+            sent_at, sequence = self.sent_at, self.sequence
+            self.state.bookkeeping.defer(
+                lambda: self._record(route, relayed, sent_at, done_at, sequence)
+            )
+            return
+        if route is None:
+            self._refused(_CLIENT_CLOSED, message)
+            return
+        elapsed = time.perf_counter() - self.received
+        stream = self.sink is not None
+
+        def record() -> None:
+            self._count(route.profile, route.class_label, _CLIENT_CLOSED)
+            self.log.info(
+                "request",
+                **self._where(route),
+                status=_CLIENT_CLOSED,
+                stream=stream,
+                duration_s=round(elapsed, 4),
+                error=message,
+            )
+
+        self.state.bookkeeping.defer(record)
+
+    def _where(self, route: Route) -> dict[str, str]:
+        return {
+            "model": self.model,
+            "profile": route.profile,
+            "backend": route.backend.name,
+            "request_class": route.class_label,
+            "reason": route.reason,
+        }
+
+    def _refused(self, status: int, message: str) -> None:
+        elapsed = time.perf_counter() - self.received
+
+        def record() -> None:
+            self.state.metrics.record_unrouted(self.api, status, elapsed, model=self.model)
+            self.log.info("request", model=self.model, api=self.api, status=status, error=message)
+
+        self.state.bookkeeping.defer(record)
+
+    def _count(self, profile: str, request_class: str, status: int) -> None:
+        self.state.metrics.requests.labels(
+            self.model, self.api, profile, request_class, str(status)
+        ).inc()

@@ -1,0 +1,273 @@
+"""Forwarding one request to one backend and relaying its answer byte for byte.
+
+A failure before anything reached the client raises `UpstreamUnavailable`, which the caller may
+retry on another backend. Once the first byte of a stream has gone out, a failure ends the stream
+with an error event in the stream's own format: never a silently truncated stream.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import aiohttp
+import yarl
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.serving.connections import ANSWER_COMPLETE
+from proxy.serving.errors import stream_error_event
+
+# Headers that describe one hop, not the message (RFC 9110 section 7.6.1), plus those aiohttp
+# recomputes. Accept-Encoding is dropped so the bytes we read (for telemetry) are plain.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "accept-encoding",
+    }
+)
+# Request headers that are the proxy's business only: the body goes upstream plain and complete
+# (so neither its encoding nor an Expect: 100-continue applies any more: a backend that never
+# sends 100 would hang the request), and the admin key is for the proxy alone.
+_NOT_FORWARDED = frozenset({"content-encoding", "expect", "x-admin-key"})
+_CLIENT_CREDENTIALS = frozenset({"authorization", "x-api-key"})
+_PLAIN = "identity"  # Accept-Encoding upstream: the telemetry reads the bytes as they come
+_UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
+_RETRYABLE_STATUS = frozenset({502, 503})
+
+
+class UpstreamUnavailable(Exception):
+    """The backend failed before any byte reached the client: safe to retry elsewhere."""
+
+
+class ChunkSink(Protocol):
+    def feed(self, chunk: bytes, now: float | None = None) -> None: ...
+
+
+class ChunkRewriter(Protocol):
+    """Changes a stream's bytes on their way to the client (whole events in, whole events out)."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
+# The event that ends a complete answer, per API, as bytes no JSON string can contain unescaped
+# (a quote or a real newline): once it reached the client, the answer is complete even if the
+# client closes before the stream's own end (Codex does, right after response.completed).
+_FINAL_EVENTS: dict[str, tuple[bytes, ...]] = {
+    "chat": (b"\n\ndata: [DONE]",),
+    "completions": (b"\n\ndata: [DONE]", b'"stop":true'),  # /completion's native last chunk
+    "responses": (b"\nevent: response.completed\n", b'"type":"response.completed"'),
+    "messages": (b"\nevent: message_stop\n", b'"type":"message_stop"'),
+}
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect_s: float
+    first_byte_s: float
+    idle_s: float
+
+    @functools.cached_property
+    def until_first_byte(self) -> aiohttp.ClientTimeout:
+        """The upstream request's timeouts up to the response head (made once, not per request:
+        ~30 us on a cold path)."""
+        return aiohttp.ClientTimeout(
+            total=None, sock_connect=self.connect_s, sock_read=self.first_byte_s
+        )
+
+
+@dataclass
+class Relayed:
+    """How a relay went, for telemetry, metrics and the request's log line."""
+
+    status: int
+    streamed: bool
+    body: bytes = b""
+    first_chunk_at: float | None = None
+    last_chunk_at: float | None = None
+    chunks: int = 0
+    upstream_error: str | None = None
+    final_relayed: bool = False  # the API's final event reached the client (see _FINAL_EVENTS)
+
+
+@functools.lru_cache(maxsize=256)
+def upstream_url(base_url: str, raw_path: str) -> yarl.URL:
+    """A backend's URL for a request's path and query as the client sent them (encoded: a
+    `%2F` in a query stays one), parsed once: aiohttp would parse the string again for every
+    request (~25 us on a cold path). Bounded: odd query strings evict each other."""
+    return yarl.URL(base_url + raw_path, encoded=True)
+
+
+def upstream_headers(client_headers: Mapping[str, str], *, forward_auth: bool) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    named = _connection_options(client_headers)
+    for key, value in client_headers.items():
+        lower = key.lower()
+        if lower in _HOP_BY_HOP or lower in _NOT_FORWARDED or lower in named:
+            continue
+        if lower in _CLIENT_CREDENTIALS and not forward_auth:
+            continue
+        headers.add(key, value)
+    headers["Accept-Encoding"] = _PLAIN
+    return headers
+
+
+def _connection_options(headers: Mapping[str, str]) -> frozenset[str]:
+    """Header names listed in Connection: they describe this hop only (RFC 9110 7.6.1)."""
+    values = [value for key, value in headers.items() if key.lower() == "connection"]
+    return frozenset(
+        name.strip().lower() for value in values for name in value.split(",") if name.strip()
+    )
+
+
+def client_headers(upstream: Mapping[str, str], extra: Mapping[str, str]) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    for key, value in upstream.items():
+        if key.lower() not in _HOP_BY_HOP and key.lower() not in ("date", "server"):
+            headers.add(key, value)
+    headers.update(extra)
+    return headers
+
+
+async def open_upstream(
+    session: aiohttp.ClientSession,
+    url: yarl.URL,
+    body: bytes,
+    headers: CIMultiDict[str],
+    timeouts: Timeouts,
+    method: str = "POST",
+) -> aiohttp.ClientResponse:
+    """Send the request and wait for the response head; raise UpstreamUnavailable if it fails."""
+    try:
+        response = await session.request(
+            method, url, data=body or None, headers=headers, timeout=timeouts.until_first_byte
+        )
+    except _UPSTREAM_ERRORS as exc:
+        raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    if response.status in _RETRYABLE_STATUS:
+        response.close()
+        raise UpstreamUnavailable(f"backend answered {response.status}")
+    return response
+
+
+async def relay_body(
+    response: aiohttp.ClientResponse, headers: Mapping[str, str], idle_s: float
+) -> tuple[web.Response, Relayed]:
+    """Relay a complete (non-stream) answer; the body is kept for telemetry."""
+    _set_read_timeout(response, idle_s)
+    try:
+        body = await response.read()
+    except _UPSTREAM_ERRORS as exc:
+        raise UpstreamUnavailable(f"body lost: {type(exc).__name__}: {exc}") from exc
+    out = web.Response(
+        status=response.status, body=body, headers=client_headers(response.headers, headers)
+    )
+    return out, Relayed(status=response.status, streamed=False, body=body)
+
+
+async def relay_stream(
+    request: web.Request,
+    response: aiohttp.ClientResponse,
+    headers: Mapping[str, str],
+    *,
+    api: str,
+    sink: ChunkSink,
+    idle_s: float,
+    relayed: Relayed | None = None,
+    rewriter: ChunkRewriter | None = None,
+    first_chunk: Callable[[], None] | None = None,
+) -> tuple[web.StreamResponse, Relayed]:
+    """Relay an SSE stream chunk by chunk, flushing each one; end with an error event on failure.
+
+    `relayed` (the caller's, so it can still read it if the client leaves mid-relay) records how
+    it went; `rewriter`, if any, completes the events on their way (proxy.serving.responses_events);
+    `first_chunk`, if any, is called when the first chunk arrives (its first token: the
+    request's prompt has been processed).
+    """
+    out = web.StreamResponse(
+        status=response.status, headers=client_headers(response.headers, headers)
+    )
+    if relayed is None:
+        relayed = Relayed(status=response.status, streamed=True)
+    final = FinalEventWatch(api)
+    _set_read_timeout(response, idle_s)
+    await out.prepare(request)
+    read = response.content.readany
+    while True:
+        try:
+            chunk = await read()
+        except _UPSTREAM_ERRORS as exc:
+            relayed.upstream_error = f"{type(exc).__name__}: {exc}"
+            await out.write(stream_error_event(api, "the backend failed mid-stream"))
+            break
+        if not chunk:
+            if rewriter is not None and (rest := rewriter.flush()):
+                await out.write(rest)
+            break
+        now = time.perf_counter()
+        if relayed.first_chunk_at is None:
+            relayed.first_chunk_at = now
+            if first_chunk is not None:
+                first_chunk()
+        relayed.last_chunk_at = now
+        relayed.chunks += 1
+        sink.feed(chunk, now)
+        if rewriter is not None:
+            chunk = rewriter.feed(chunk)
+        await out.write(chunk)
+        if not relayed.final_relayed and final.seen_in(chunk):
+            relayed.final_relayed = True
+            request[ANSWER_COMPLETE] = True
+    await out.write_eof()
+    return out, relayed
+
+
+class FinalEventWatch:
+    """Whether a stream's final event went by, at one byte search per chunk (plus the seam
+    between two chunks, where a marker may be cut in two)."""
+
+    __slots__ = ("_markers", "_seam", "_tail")
+
+    def __init__(self, api: str) -> None:
+        self._markers = _FINAL_EVENTS.get(api, ())
+        self._seam = max((len(m) for m in self._markers), default=1) - 1
+        self._tail = b""
+
+    def seen_in(self, chunk: bytes) -> bool:
+        for marker in self._markers:
+            if marker in chunk:
+                return True
+        if not self._seam:
+            return False
+        seam = self._tail + chunk[: self._seam]
+        tail = chunk if len(chunk) >= self._seam else self._tail + chunk
+        self._tail = tail[-self._seam :]
+        return any(marker in seam for marker in self._markers)
+
+
+def is_event_stream(response: aiohttp.ClientResponse) -> bool:
+    return response.content_type == "text/event-stream"
+
+
+def _set_read_timeout(response: aiohttp.ClientResponse, seconds: float) -> None:
+    # The first byte may take minutes (prefill of a long prompt); after it, silence between
+    # chunks means a hung backend, so the read timeout is tightened to the idle limit.
+    connection = response.connection
+    if connection is not None and connection.protocol is not None:
+        connection.protocol.read_timeout = seconds

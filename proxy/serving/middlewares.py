@@ -1,0 +1,108 @@
+"""Middlewares: client authentication and errors in the called API's own shape."""
+
+from __future__ import annotations
+
+import hmac
+import time
+
+import structlog
+from aiohttp import web
+
+from proxy.serving.errors import Dialect, error_response, reshaped_error_body
+from proxy.serving.handlers import API_PATHS, Handler, answer_and_close, refuse
+from proxy.serving.passthrough import FORWARDED_POST
+from proxy.state import STATE
+
+log = structlog.get_logger("proxy")
+
+# Paths any client may reach without a key: probes and scrapes (the listener is loopback by
+# default; put /metrics behind the network, not behind a client key).
+_OPEN_PATHS = frozenset({"/health", "/v1/health", "/metrics"})
+_LINGER_BYTES = 64 * 1024  # refused bodies up to this size are read (and dropped) as usual
+# Forwarded answers whose errors get the called API's envelope, like the generation routes'.
+_RESHAPED_PATHS = frozenset(API_PATHS) | frozenset(FORWARDED_POST)
+
+
+def dialect_for_path(path: str) -> Dialect:
+    trimmed = path.rstrip("/")
+    anthropic = trimmed.endswith("/messages") or trimmed.endswith("/messages/count_tokens")
+    return "anthropic" if anthropic else "openai"
+
+
+def presented_key(request: web.Request) -> str | None:
+    """The client's key, from `Authorization: Bearer` (OpenAI SDK) or `x-api-key` (Anthropic)."""
+    authorization = request.headers.get("Authorization", "")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("x-api-key") or None
+
+
+def key_matches(presented: str, keys: list[str]) -> bool:
+    # Compare against every key, always: the time taken says nothing about which key was close.
+    matched = False
+    for key in keys:
+        matched |= hmac.compare_digest(presented.encode(), key.encode())
+    return matched
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    received = time.perf_counter()
+    keys = request.app[STATE].settings.server.api_keys
+    if not keys or request.path in _OPEN_PATHS or request.path.startswith("/admin/"):
+        return await handler(request)
+    presented = presented_key(request)
+    if presented is None or not key_matches(presented, [k.get_secret_value() for k in keys]):
+        message = "invalid or missing API key"
+        api = API_PATHS.get(request.path)
+        if api is not None:  # a generation request: counted and logged like every other
+            response = refuse(request, api, 401, message, received, code="invalid_api_key")
+        else:
+            dialect = dialect_for_path(request.path)
+            response = error_response(dialect, 401, message, code="invalid_api_key")
+        if _large_unread_body(request):
+            # Reading it only to discard it (aiohttp lingers up to 10 s) would let anyone
+            # without a key make the proxy move their megabytes: answer and close instead.
+            await answer_and_close(request, response)
+        return response
+    return await handler(request)
+
+
+def _large_unread_body(request: web.Request) -> bool:
+    length = request.content_length
+    return (length is None and request.can_read_body) or (length or 0) > _LINGER_BYTES
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    dialect = dialect_for_path(request.path)
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = (
+            exc.reason if exc.status != 404 else f"no route for {request.method} {request.path}"
+        )
+        return error_response(dialect, exc.status, message)
+    except ConnectionError:
+        raise  # the client went away: nobody is left to answer
+    except Exception:
+        log.exception("unhandled_error", path=request.path, method=request.method)
+        return error_response(dialect, 500, "internal error in mtp-proxy")
+    reshape = request.path in _RESHAPED_PATHS
+    if response.status >= 400 and isinstance(response, web.Response) and reshape:
+        _reshape_error(response, dialect)  # only relayed backend answers; /health keeps its own
+    return response
+
+
+def _reshape_error(response: web.Response, dialect: Dialect) -> None:
+    """A relayed backend error gets the envelope of the API the client called."""
+    body = response.body
+    if not isinstance(body, bytes):
+        return
+    reshaped = reshaped_error_body(dialect, response.status, body)
+    if reshaped is not None:
+        response.body = reshaped
+        response.content_type = "application/json"

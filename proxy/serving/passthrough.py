@@ -1,0 +1,182 @@
+"""llama-server's routes besides generation: forwarded, or refused when they change a backend.
+
+Read-only and token-counting routes (`/tokenize`, `/v1/messages/count_tokens`, `/v1/embeddings`,
+`GET /props`...) go to a ready backend of the model the body names (or the only/default model
+when it names none), query string kept, answer relayed as it comes. They are not routed by the
+policy and take no slot: any ready backend of the model gives the same answer.
+
+Routes that change a backend's state (`POST /props`, `/slots` and its actions, `POST
+/lora-adapters`, the router's `/models/load`...) would let one client change what every other
+client gets: they answer 403 in the OpenAI error shape and never reach a backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.ops.access_log import LOG_FIELDS
+from proxy.ops.metrics import UNROUTED
+from proxy.serving.backends import LiveBackend
+from proxy.serving.errors import Dialect, error_response
+from proxy.serving.forward import (
+    UpstreamUnavailable,
+    open_upstream,
+    relay_body,
+    relay_stream,
+    upstream_headers,
+    upstream_url,
+)
+from proxy.serving.model_names import unknown_model_message
+from proxy.state import STATE
+
+FORWARDED_POST = (
+    "/v1/messages/count_tokens",
+    "/v1/responses/input_tokens",
+    "/responses/input_tokens",
+    "/v1/chat/completions/input_tokens",
+    "/chat/completions/input_tokens",
+    "/tokenize",
+    "/detokenize",
+    "/apply-template",
+    "/v1/embeddings",
+    "/embeddings",
+    "/embedding",
+    "/infill",
+    "/v1/rerank",
+    "/rerank",
+    "/v1/reranking",
+    "/reranking",
+)
+FORWARDED_GET = ("/props", "/lora-adapters")
+# (method, path) pairs that change a backend's state; "*" is any method.
+REFUSED = (
+    ("POST", "/props"),
+    ("*", "/slots"),
+    ("*", "/slots/{id_slot}"),
+    ("POST", "/lora-adapters"),
+    ("POST", "/models"),
+    ("DELETE", "/models"),
+    ("*", "/models/load"),
+    ("*", "/models/unload"),
+    ("*", "/models/sse"),
+    ("*", "/v1/chat/completions/control"),
+)
+
+
+class _NoSink:
+    def feed(self, chunk: bytes, now: float | None = None) -> None:
+        return None
+
+
+def add_routes(app: web.Application) -> None:
+    for path in FORWARDED_POST:
+        app.router.add_post(path, forward)
+    for path in FORWARDED_GET:
+        app.router.add_get(path, forward)
+    for method, path in REFUSED:
+        app.router.add_route(method, path, refuse_state_change)
+
+
+def _dialect(path: str) -> Dialect:
+    return "anthropic" if path.startswith("/v1/messages") else "openai"
+
+
+def _counted(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """Count and time the answer in mtp_proxy_requests_total like a generation's, under the
+    route's own path as its API (a fixed set) and profile and class "none"."""
+
+    @functools.wraps(handler)
+    async def counted(request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        response = await handler(request)
+        model = request.get(LOG_FIELDS, {}).get("model", UNROUTED)
+        resource = request.match_info.route.resource
+        api = resource.canonical if resource is not None else request.path
+        request.app[STATE].metrics.record_unrouted(
+            api, response.status, time.perf_counter() - started, model=model
+        )
+        return response
+
+    return counted
+
+
+@_counted
+async def refuse_state_change(request: web.Request) -> web.StreamResponse:
+    message = (
+        f"{request.method} {request.path} changes a backend's state; mtp-proxy does not "
+        "let clients reach it (manage backends through the config and /admin)"
+    )
+    return error_response("openai", 403, message, code="forbidden")
+
+
+@_counted
+async def forward(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    dialect = _dialect(request.path)
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        limit = state.settings.server.max_body_bytes
+        return error_response(dialect, 413, f"request body exceeds {limit} bytes")
+    named = _named_model(raw) if raw else request.query.get("model")
+    model = state.models.resolve(named)
+    if model is None:
+        return error_response(dialect, 404, unknown_model_message(named), code="model_not_found")
+    request[LOG_FIELDS] = {"model": model}
+    for backend in _candidates(state.backends.ready_of_model(model)):
+        request[LOG_FIELDS]["backend"] = backend.name
+        try:
+            return await _relay(request, backend, raw)
+        except UpstreamUnavailable:
+            continue
+    message = f"no backend of model {model!r} is ready; retry shortly"
+    return error_response(dialect, 503, message, retry_after=2.0)
+
+
+def _named_model(raw: bytes) -> Any:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None  # the backend judges the body; the only/default model gets it
+    return body.get("model") if isinstance(body, dict) else None
+
+
+def _candidates(ready: list[LiveBackend]) -> list[LiveBackend]:
+    """Most free slots first, at most three tries."""
+    return sorted(ready, key=lambda b: b.in_flight - b.slots)[:3]
+
+
+async def _relay(request: web.Request, backend: LiveBackend, raw: bytes) -> web.StreamResponse:
+    state = request.app[STATE]
+    assert backend.base_url is not None  # ready backends have one
+    headers = upstream_headers(
+        request.headers, forward_auth=state.settings.server.forward_client_auth
+    )
+    url = upstream_url(backend.base_url, request.raw_path)
+    started = time.perf_counter()
+    response = await open_upstream(
+        state.client(), url, raw, headers, state.timeouts, method=request.method
+    )
+    extra = {"X-MTP-Backend": backend.name}
+    async with response:
+        if response.content_type == "text/event-stream":
+            out, _ = await relay_stream(
+                request,
+                response,
+                extra,
+                api="completions",
+                sink=_NoSink(),
+                idle_s=state.timeouts.idle_s,
+            )
+            return out
+        out, _ = await relay_body(response, extra, state.timeouts.idle_s)
+    request[LOG_FIELDS]["upstream_s"] = round(time.perf_counter() - started, 4)
+    return out

@@ -1,0 +1,417 @@
+"""The real agent CLIs and both SDKs, run non-interactively against `mtp-proxy serve`, once on
+simulated backends and once on a real llama-server (a tiny random model: the answers are
+gibberish, which is fine). Each client must exit 0, and every generation request it made must
+be logged 200.
+
+The clients are pinned in scripts/clients.lock and installed into .clients/ by
+scripts/install-clients.sh (which scripts/test.sh runs); a missing one fails, never skips. No
+client flag names a model: the proxy's `[model_names] default` takes Claude Code's `claude-*`
+names and Codex's `gpt-*` ones, as the embedded default does. Each client runs in a fresh HOME
+with its telemetry and update checks off, and with every proxy variable pointing at a closed
+loopback port, so that nothing but the proxy on loopback is reachable.
+
+Deselect them offline with `-m "not clients"`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from tests.support.harness import ProxyProcess, proxy_config, running_proxy, simulator_model
+from tests.support.llama_pool import llama_model
+from tests.support.tinygguf import LlamaConfig, write_llama
+from tests.support.tinygguf.tokenizer import EOS_TOKEN, build_vocab
+
+pytestmark = pytest.mark.clients
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENTS = ROOT / ".clients"
+INSTALL_HINT = "run `bash scripts/install-clients.sh` (scripts/test.sh does)"
+KEY = "sk-local-test"
+RUN_TIMEOUT_S = 240.0
+LONG_CONTEXT = 131072  # two slots of 64k tokens
+DEAD_PROXY = "http://127.0.0.1:9"  # nothing listens: any non-loopback request fails at once
+
+
+def pins() -> dict[str, str]:
+    found = {}
+    for line in (ROOT / "scripts" / "clients.lock").read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            found[key.strip()] = value.strip()
+    return found
+
+
+PINS = pins()
+
+
+def client(*parts: str) -> str:
+    path = CLIENTS.joinpath(*parts)
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{path} is missing; {INSTALL_HINT}", pytrace=False)
+    return str(path)
+
+
+# --- the two proxies --------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """A proxy and the one model behind it."""
+
+    name: str
+    proxy: ProxyProcess
+    model: str
+
+
+def _simulated(workdir: Path) -> dict[str, Any]:
+    demo = simulator_model(time_scale=50.0)
+    config = proxy_config([demo])
+    config["model_names"] = {"default": "mtp-demo"}  # as the embedded default
+    return config
+
+
+def _real(workdir: Path) -> dict[str, Any]:
+    # The tiny llama model, trained (so to speak) for a context long enough for agent prompts:
+    # llama-server caps -c at the model's context length.
+    config = LlamaConfig(n_ctx=LONG_CONTEXT, name="tiny-llama-long")
+    model_path = write_llama(workdir / "tiny-llama-long.gguf", config)
+    # Room for Claude Code's system prompt and tools (~60k tokens of this byte-level vocabulary).
+    # The tiny model never picks its end token (its LM-head row is zero), and Claude Code takes
+    # an answer cut at max_tokens for an error: a bias on the end token ends answers after tens
+    # of tokens (measured: 12-74 at +7), with stop_reason end_turn.
+    eos = build_vocab(LlamaConfig().n_merges).special_ids[EOS_TOKEN]
+    args = ["-c", str(LONG_CONTEXT), "-np", "2", "-t", "1", "--logit-bias", f"{eos}+7"]
+    model = llama_model(model_path, name="tiny", profiles=[{"name": "off"}], args=args)
+    config = proxy_config([model])
+    config["model_names"] = {"default": "tiny"}
+    return config
+
+
+@pytest.fixture(scope="module", params=["simulator", "llama-server"])
+def target(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Target]:
+    workdir = tmp_path_factory.mktemp(f"clients-{request.param}")
+    config = _simulated(workdir) if request.param == "simulator" else _real(workdir)
+    with running_proxy(config, workdir) as proxy:
+        yield Target(request.param, proxy, config["models"][0]["name"])
+
+
+# --- running a client and reading what the proxy logged --------------------------------------
+
+
+@dataclass
+class Run:
+    result: subprocess.CompletedProcess[str]
+    lines: list[dict[str, Any]]  # the proxy's request lines written during the run
+
+    def describe(self) -> str:
+        rows = [(x["method"], x["path"], x["status"], x.get("error")) for x in self.lines]
+        return (
+            f"exit {self.result.returncode}\nstdout: {self.result.stdout[-1500:]}\n"
+            f"stderr: {self.result.stderr[-2500:]}\nproxy: {rows}"
+        )
+
+
+def client_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    keep = ("PATH", "LANG", "LC_ALL", "TERM", "SYSTEMROOT")
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    env.update(
+        HOME=str(home),
+        XDG_CONFIG_HOME=str(home / ".config"),
+        XDG_DATA_HOME=str(home / ".local" / "share"),
+        XDG_CACHE_HOME=str(home / ".cache"),
+        HTTP_PROXY=DEAD_PROXY,
+        HTTPS_PROXY=DEAD_PROXY,
+        ALL_PROXY=DEAD_PROXY,
+        http_proxy=DEAD_PROXY,
+        https_proxy=DEAD_PROXY,
+        NO_PROXY="127.0.0.1,localhost",
+        no_proxy="127.0.0.1,localhost",
+        CI="true",
+    )
+    env.update(extra or {})
+    return env
+
+
+def run_client(
+    target: Target, argv: list[str], home: Path, env: dict[str, str] | None = None
+) -> Run:
+    home.mkdir(parents=True, exist_ok=True)
+    work = home / "work"
+    work.mkdir(exist_ok=True)
+    before = len(target.proxy.log_lines())
+    result = subprocess.run(
+        argv,
+        cwd=work,
+        env=client_env(home, env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    flush(target.proxy)
+    lines = [x for x in target.proxy.log_lines()[before:] if x.get("event") == "request"]
+    return Run(result, [x for x in lines if x["path"] != "/metrics"])
+
+
+def flush(proxy: ProxyProcess) -> None:
+    """Scraping /metrics runs the deferred bookkeeping: every answered request is logged."""
+    with urllib.request.urlopen(proxy.url + "/metrics", timeout=10) as response:
+        response.read()
+    time.sleep(0.1)  # the log line reaches the file
+
+
+def assert_served(run: Run, *, background_abandoned: bool = False) -> list[dict[str, Any]]:
+    """The client exited 0 and every generation request it made was answered 200.
+
+    `background_abandoned`: the client may hang up on a background request when it exits
+    (opencode drops its session-title request once the answer is done): such a request is
+    logged 499, as it should be, and is not counted; the others must still be 200s.
+    """
+    assert run.result.returncode == 0, run.describe()
+    lines = run.lines
+    if background_abandoned:
+        lines = [x for x in lines if not (x["status"] == 499 and x["api"] is not None)]
+    generation = [x for x in lines if x["api"] is not None]
+    assert generation, run.describe()
+    assert all(x["status"] == 200 for x in lines), run.describe()
+    return generation
+
+
+# --- Claude Code ------------------------------------------------------------------------------
+
+
+def claude_env(target: Target) -> dict[str, str]:
+    return {
+        "ANTHROPIC_BASE_URL": target.proxy.url,
+        "ANTHROPIC_API_KEY": KEY,
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+
+
+def test_claude_code_version_is_the_pinned_one() -> None:
+    claude = client("node", "node_modules", ".bin", "claude")
+    version = subprocess.run([claude, "--version"], capture_output=True, text=True, timeout=60)
+    assert version.stdout.split()[0] == PINS["CLAUDE_CODE"]
+
+
+def test_claude_code_print_mode(target: Target, tmp_path: Path) -> None:
+    claude = client("node", "node_modules", ".bin", "claude")
+    run = run_client(target, [claude, "-p", "say hi"], tmp_path, claude_env(target))
+    generation = assert_served(run)
+    assert all(x["path"].startswith("/v1/messages") for x in generation)
+    assert all(x["model"] == target.model for x in generation)  # claude-* names, by default
+    assert run.result.stdout.strip()
+
+
+def test_claude_code_stream_json(target: Target, tmp_path: Path) -> None:
+    claude = client("node", "node_modules", ".bin", "claude")
+    argv = [claude, "-p", "say hi", "--output-format", "stream-json", "--verbose"]
+    run = run_client(target, argv, tmp_path, claude_env(target))
+    assert_served(run)
+    events = [json.loads(x) for x in run.result.stdout.splitlines() if x.strip()]
+    assert events[-1]["type"] == "result" and events[-1]["subtype"] == "success", run.describe()
+
+
+# --- Codex CLI --------------------------------------------------------------------------------
+
+
+def test_codex_exec_over_responses(target: Target, tmp_path: Path) -> None:
+    codex = client("node", "node_modules", ".bin", "codex")
+    codex_home = tmp_path / "codex-home"
+    codex_home.mkdir(parents=True)
+    # The model named as the user names it: a name Codex does not know gets its classic request
+    # shape. Its own current models' shape puts the tools in an `additional_tools` input item,
+    # which llama-server refuses ("Cannot determine type of 'item'").
+    (codex_home / "config.toml").write_text(
+        f'model = "{target.model}"\n'
+        'model_provider = "mtp"\n'
+        "[model_providers.mtp]\n"
+        'name = "mtp-proxy"\n'
+        f'base_url = "{target.proxy.url}/v1"\n'
+        'wire_api = "responses"\n'
+        'env_key = "MTP_PROXY_KEY"\n'
+    )
+    env = {"CODEX_HOME": str(codex_home), "MTP_PROXY_KEY": KEY}
+    argv = [codex, "exec", "--skip-git-repo-check", "say hi"]
+    run = run_client(target, argv, tmp_path, env)
+    generation = assert_served(run)
+    assert all(x["path"] == "/v1/responses" for x in generation), run.describe()
+    assert all(x["output_tokens"] for x in generation), run.describe()  # complete, not 499
+
+
+# --- opencode ---------------------------------------------------------------------------------
+
+OPENCODE_PROVIDERS = {
+    "openai-compatible": ("@ai-sdk/openai-compatible", "/v1", "/v1/chat/completions"),
+    "openai-responses": ("@ai-sdk/openai", "/v1", "/v1/responses"),
+    "anthropic": ("@ai-sdk/anthropic", "/v1", "/v1/messages"),
+}
+
+
+@pytest.mark.parametrize("provider", sorted(OPENCODE_PROVIDERS))
+def test_opencode_run(target: Target, tmp_path: Path, provider: str) -> None:
+    opencode = client("node", "node_modules", ".bin", "opencode")
+    package, prefix, path = OPENCODE_PROVIDERS[provider]
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "autoupdate": False,
+        "share": "disabled",
+        "provider": {
+            "local": {
+                "npm": package,
+                "name": "mtp-proxy",
+                "options": {"baseURL": target.proxy.url + prefix, "apiKey": KEY},
+                "models": {"agent-model": {"name": "agent-model"}},
+            }
+        },
+        "model": "local/agent-model",
+    }
+    config_path = tmp_path / "opencode.json"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(json.dumps(config))
+    env = {
+        "OPENCODE_CONFIG": str(config_path),
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    }
+    run = run_client(target, [opencode, "run", "say hi"], tmp_path, env)
+    generation = assert_served(run, background_abandoned=True)
+    assert {x["path"] for x in generation} == {path}, run.describe()
+    assert "Error" not in run.result.stderr, run.describe()
+
+
+# --- aider and llm (PyPI, each in its own venv) ------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
+def test_aider_message(target: Target, tmp_path: Path, stream: str) -> None:
+    aider = client("aider", "bin", "aider")
+    argv = [
+        aider, "--model", "openai/agent-model", "--openai-api-base", target.proxy.url + "/v1",
+        "--openai-api-key", KEY, "--message", "say hi", stream, "--yes-always", "--no-git",
+        "--no-auto-commits", "--no-check-update", "--no-show-model-warnings",
+        "--analytics-disable", "--no-pretty", "--no-fancy-input",
+    ]  # fmt: skip
+    run = run_client(target, argv, tmp_path, {"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    generation = assert_served(run)
+    assert {x["stream"] for x in generation} == {stream == "--stream"}, run.describe()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_llm_prompt(target: Target, tmp_path: Path, stream: bool) -> None:
+    llm = client("llm", "bin", "llm")
+    user_dir = tmp_path / "llm"
+    user_dir.mkdir(parents=True)
+    (user_dir / "extra-openai-models.yaml").write_text(
+        f'- model_id: local\n  model_name: agent-model\n  api_base: "{target.proxy.url}/v1"\n'
+    )
+    argv = [llm, "-m", "local", "--key", KEY, "say hi", *([] if stream else ["--no-stream"])]
+    run = run_client(target, argv, tmp_path, {"LLM_USER_PATH": str(user_dir)})
+    generation = assert_served(run)
+    assert {x["stream"] for x in generation} == {stream}, run.describe()
+
+
+def test_pypi_clients_are_the_pinned_versions() -> None:
+    for tool, package, pin in (("aider", "aider-chat", "AIDER"), ("llm", "llm", "LLM")):
+        python = client(tool, "bin", "python")
+        code = f"import importlib.metadata as m; print(m.version({package!r}))"
+        found = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+        assert found.stdout.strip() == PINS[pin], found.stderr
+
+
+# --- the official SDKs ------------------------------------------------------------------------
+
+
+def test_openai_sdk_chat_and_responses_stream(target: Target) -> None:
+    sdk = openai.OpenAI(base_url=target.proxy.url + "/v1", api_key=KEY, max_retries=0)
+    chat = sdk.chat.completions.create(
+        model="gpt-5", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert chat.choices[0].finish_reason in {"stop", "length"}
+    deltas: list[str] = []
+    with sdk.responses.stream(model="gpt-5", input="hi", max_output_tokens=16) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+        final = stream.get_final_response()
+    assert final.status == "completed" and final.output_text == "".join(deltas)
+    counted = sdk.responses.input_tokens.count(model="gpt-5", input="hello there")
+    assert counted.input_tokens > 0
+
+
+def test_anthropic_sdk_messages_stream_and_count_tokens(target: Target) -> None:
+    sdk = anthropic.Anthropic(base_url=target.proxy.url, api_key=KEY, max_retries=0)
+    messages: list[anthropic.types.MessageParam] = [{"role": "user", "content": "hi"}]
+    made = sdk.messages.create(model="claude-haiku-4-5", max_tokens=16, messages=messages)
+    assert made.usage.output_tokens > 0
+    with sdk.messages.stream(model="claude-haiku-4-5", max_tokens=16, messages=messages) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert final.content and final.content[0].type == "text" and final.content[0].text == text
+    counted = sdk.messages.count_tokens(model="claude-haiku-4-5", messages=messages)
+    assert counted.input_tokens > 0
+
+
+# --- llama-server's other routes, through the proxy -------------------------------------------
+
+
+def test_llama_server_routes_through_the_proxy(target: Target) -> None:
+    chat = {"messages": [{"role": "user", "content": "hello there"}]}
+    status, tokens = call(target, "POST", "/tokenize?with_pieces=false", {"content": "hello"})
+    assert status == 200 and tokens["tokens"], tokens
+    status, text = call(target, "POST", "/detokenize", {"tokens": tokens["tokens"]})
+    assert (status, text["content"]) == (200, "hello")
+    status, props = call(target, "GET", "/props")
+    assert status == 200 and props["default_generation_settings"]["n_ctx"] > 0
+    status, applied = call(target, "POST", "/apply-template", chat)
+    assert status == 200 and "hello there" in applied["prompt"]
+    for path, body in (
+        ("/v1/messages/count_tokens", {"model": "claude-haiku-4-5", **chat}),
+        ("/v1/chat/completions/input_tokens", chat),
+        ("/v1/responses/input_tokens", {"input": "hello there"}),
+    ):
+        status, counted = call(target, "POST", path, body)
+        assert status == 200 and counted["input_tokens"] > 0, (path, counted)
+    status, refused = call(target, "POST", "/slots/0?action=erase", {})
+    assert status == 403 and refused["error"]["type"] == "permission_error"
+    if target.name == "llama-server":  # routes the simulator does not serve
+        status, native = call(target, "POST", "/completion", {"prompt": "hi", "n_predict": 4})
+        assert status == 200 and native["tokens_predicted"] > 0 and "timings" in native
+        status, embeddings = call(target, "POST", "/v1/embeddings", {"input": "hi"})
+        assert status == 501 and "embeddings" in embeddings["error"]["message"]  # no --embeddings
+
+
+def call(target: Target, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    request = urllib.request.Request(
+        target.proxy.url + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())

@@ -1,0 +1,180 @@
+"""Request bodies and headers on a real proxy: gzip bodies inflated after the key check and sent
+upstream plain, bombs stopped at the size limit, broken gzip a 400 in the API's shape (logged
+and counted), other encodings a 415, and what reaches a backend: no Expect, no admin key, no
+hop-by-hop or Connection-named headers, Accept-Encoding: identity."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.abuse import bomb_flood, gzip_bomb, keyed_latencies
+from tests.support.harness import (
+    ADMIN_KEY,
+    ProxyProcess,
+    proxy_config,
+    running_proxy,
+    simulator_model,
+)
+from tests.support.misbehaving_backend import running_backend
+from tests.support.rawhttp import (
+    chat_body,
+    connect,
+    final_status,
+    head,
+    json_body,
+    read_until_closed,
+    request,
+)
+
+KEY = "sk-bodies-0123456789"
+MAX_BODY = 1 << 20  # 1 MiB: a bomb is stopped within a step of it
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    with running_backend("echo-headers") as echo_url:
+        profiles = [{"name": "off", "url": echo_url}]
+        echo = {"name": "echo", "backend": "simulator", "profiles": profiles}
+        config = proxy_config(
+            [simulator_model(), echo],
+            server={"api_keys": [KEY], "max_body_bytes": MAX_BODY},
+        )
+        with running_proxy(config, tmp_path_factory.mktemp("bodies")) as running:
+            yield running
+
+
+def send(proxy: ProxyProcess, raw: bytes) -> tuple[int | None, Any, float]:
+    began = time.monotonic()
+    with connect(proxy.port) as sock:
+        sock.sendall(raw)
+        data, _, _ = read_until_closed(sock)
+    took = time.monotonic() - began
+    try:
+        body = json_body(data)
+    except ValueError:
+        body = data
+    return final_status(data), body, took
+
+
+def echoed_headers(answer: Any) -> dict[str, str]:
+    received: dict[str, str] = json.loads(answer["choices"][0]["message"]["content"])
+    return {key.lower(): value for key, value in received.items()}
+
+
+def refusals(proxy: ProxyProcess, status: int, api: str = "chat") -> float:
+    with urllib.request.urlopen(proxy.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        labelled = f'status="{status}"' in line and f'api="{api}"' in line
+        if line.startswith("mtp_proxy_requests_total{") and labelled:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_gzip_body_is_inflated_and_forwarded_plain(proxy: ProxyProcess) -> None:
+    body = json.dumps({"model": "echo", "messages": [{"role": "user", "content": "zip"}]})
+    status, answer, _ = send(
+        proxy, request(CHAT, gzip.compress(body.encode()), KEY, Content_Encoding="gzip")
+    )
+    assert status == 200, answer
+    headers = echoed_headers(answer)
+    assert "content-encoding" not in headers
+    assert int(headers["content-length"]) == len(body)
+
+
+def test_headers_toward_backends_are_the_clients_own_end_to_end_ones(proxy: ProxyProcess) -> None:
+    body = json.dumps({"model": "echo", "messages": [{"role": "user", "content": "h"}]}).encode()
+    raw = request(
+        CHAT,
+        body,
+        KEY,
+        close=False,
+        Connection="close, X-Hop-Secret",
+        X_Hop_Secret="for this hop only",
+        X_Admin_Key=ADMIN_KEY,
+        Expect="100-continue",
+        Accept_Encoding="gzip, br",
+        X_End_To_End="kept",
+    )
+    status, answer, _ = send(proxy, raw)
+    assert status == 200, answer
+    headers = echoed_headers(answer)
+    assert headers["x-end-to-end"] == "kept"
+    for dropped in ("x-hop-secret", "x-admin-key", "expect", "connection", "authorization"):
+        assert dropped not in headers, (dropped, headers)
+    assert headers["accept-encoding"] == "identity"  # plain bytes, not aiohttp's gzip, deflate
+
+
+def test_a_body_labelled_gzip_that_is_not_is_a_logged_and_counted_400(proxy: ProxyProcess) -> None:
+    before = refusals(proxy, 400, "messages")
+    raw = request("/v1/messages", chat_body(), KEY, Content_Encoding="gzip")
+    status, answer, _ = send(proxy, raw)
+    assert status == 400
+    assert answer["type"] == "error" and answer["error"]["type"] == "invalid_request_error"
+    assert "not valid gzip" in answer["error"]["message"]
+    status, answer, _ = send(proxy, request(CHAT, chat_body(), KEY, Content_Encoding="gzip"))
+    assert status == 400 and "not valid gzip" in answer["error"]["message"]
+    time.sleep(0.1)
+    assert refusals(proxy, 400, "messages") == before + 1
+    logged = [
+        line
+        for line in proxy.log_lines()
+        if line.get("event") == "request" and "not valid gzip" in str(line.get("error"))
+    ]
+    assert len(logged) >= 2 and {line["status"] for line in logged} == {400}
+    assert not [line for line in proxy.log_lines() if line.get("level") == "error"]
+
+
+def test_other_encodings_are_415(proxy: ProxyProcess) -> None:
+    status, answer, _ = send(proxy, request(CHAT, chat_body(), KEY, Content_Encoding="br"))
+    assert status == 415 and "not supported" in answer["error"]["message"]
+
+
+def test_a_gzip_bomb_is_stopped_at_the_size_limit(proxy: ProxyProcess) -> None:
+    bomb = gzip_bomb(256 << 20)  # 256 MiB of zeros in ~250 kB
+    status, answer, took = send(proxy, request(CHAT, bomb, KEY, Content_Encoding="gzip"))
+    assert status == 413 and "once inflated" in answer["error"]["message"]
+    assert took < 2.0
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_unauthenticated_bomb_is_refused_without_inflating_it(proxy: ProxyProcess) -> None:
+    bomb = gzip_bomb(1 << 30)  # 1 GiB inflated, ~1 MB sent
+    spent = cpu_seconds(proxy.process.pid)
+    for _ in range(3):
+        status, answer, took = send(proxy, request(CHAT, bomb, None, Content_Encoding="gzip"))
+        assert status == 401 and answer["error"]["type"] == "authentication_error"
+        assert took < 1.0
+    assert cpu_seconds(proxy.process.pid) - spent < 0.5  # reading 3 MB, not inflating 3 GiB
+
+
+def test_a_keyed_chat_stays_fast_while_unauthenticated_bombs_arrive(proxy: ProxyProcess) -> None:
+    quiet = keyed_latencies(proxy.url, KEY, 40)
+    with bomb_flood(proxy.url, workers=4, inflated=2 << 30) as answers:  # the issue's bombs
+        loud = keyed_latencies(proxy.url, KEY, 40)
+    assert answers.get(401, 0) >= 8, answers  # they did arrive, and were refused
+    assert loud.p50 <= 2 * quiet.p50, (quiet, loud)
+
+
+def test_an_unauthenticated_large_body_is_answered_401_and_not_read(proxy: ProxyProcess) -> None:
+    """aiohttp would read (and drop) the rest for up to 10 s; the proxy answers and closes."""
+    with connect(proxy.port) as sock:
+        sock.sendall(head(CHAT, None, Content_Length=50_000_000) + b"x" * 100_000)
+        data, took, closed = read_until_closed(sock)
+    assert final_status(data) == 401 and closed
+    assert took < 2.0

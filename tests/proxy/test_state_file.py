@@ -1,0 +1,130 @@
+"""Learned statistics survive a restart: real proxies sharing one `routing.state_file`.
+
+Setup A's simulated hardware makes `max` (n_max 3) the slowest profile on short chats, while
+the cold rule sends short chats to `max`. So a proxy that knows nothing answers a short chat
+with (max, rule), and one that loaded what an earlier proxy learned answers it with
+(another profile, learned): the decision shows whether the file was written and read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.support.harness import (
+    ADMIN_KEY,
+    ProxyProcess,
+    proxy_config,
+    running_proxy,
+    simulator_model,
+    start_proxy,
+    wait_all_ready,
+)
+from tests.support.traffic import body_for, send
+
+TIME_SCALE = 50.0
+PROFILES = ("off", "min", "max")
+CLASS = "<4k/prose"
+
+
+def config(state_file: Path, *, save_interval_s: float = 3600.0) -> dict[str, Any]:
+    routing = {
+        "state_file": str(state_file),
+        "state_save_interval_s": save_interval_s,
+        "clock_scale": TIME_SCALE,
+        # No exploration: every unpinned decision is the rule's or the learned table's.
+        "exploration_rate": 0.0,
+        "cold_exploration_rate": 0.0,
+    }
+    model = simulator_model(preset="setup-a", time_scale=TIME_SCALE, extra_args=["--seed", "5"])
+    return proxy_config([model], routing=routing)
+
+
+def teach(proxy: ProxyProcess) -> None:
+    """Six short chats pinned to each profile: past min_samples (5) for all three."""
+    wait_all_ready(proxy, {"mtp-demo": 3})
+    for profile in PROFILES:
+        for i in range(6):
+            body = body_for("chat", stream=False, text=f"tell me about harbours, part {i}")
+            sent = send(proxy.url, "chat", body, headers={"X-MTP-Profile": profile})
+            assert (sent.status, sent.profile) == (200, profile)
+
+
+def learned(proxy: ProxyProcess) -> dict[str, float]:
+    """Samples per profile in CLASS, as /admin/routing shows them."""
+    status, body = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
+    assert status == 200
+    return {r["profile"]: r["samples"] for r in body["learned"] if r["class"] == CLASS}
+
+
+def saved_cells(path: Path) -> dict[str, float]:
+    state = json.loads(path.read_bytes())
+    cells = [c for c in state["cells"] if f"{c['bucket']}/{c['kind']}" == CLASS]
+    return {c["profile"]: c for c in cells}
+
+
+def observed(path: Path) -> dict[str, float]:
+    return {profile: cell["decode"][3] for profile, cell in saved_cells(path).items()}
+
+
+def unpinned_decision(proxy: ProxyProcess) -> tuple[str, str | None]:
+    wait_all_ready(proxy, {"mtp-demo": 3})
+    sent = send(proxy.url, "chat", body_for("chat", stream=False, text="and lighthouses?"))
+    assert sent.status == 200
+    return sent.profile, sent.reason
+
+
+def test_learned_state_is_saved_at_stop_and_decides_after_a_restart(tmp_path: Path) -> None:
+    state_file = tmp_path / "state" / "learned.json"
+    with running_proxy(config(state_file), tmp_path / "first") as first:
+        teach(first)
+        taught = learned(first)
+        assert set(taught) == set(PROFILES)
+        assert not state_file.exists()  # the periodic save is an hour away: only the stop saves
+    assert set(saved_cells(state_file)) == set(PROFILES)
+
+    with running_proxy(config(state_file), tmp_path / "second") as second:
+        assert learned(second) == taught  # loaded as it was learned
+        profile, reason = unpinned_decision(second)
+    assert reason == "learned", (profile, reason)
+    assert profile != "max"  # setup A: max is the slowest on short chats
+
+    # The control: the same proxy without the file decides by the cold rule.
+    with running_proxy(config(tmp_path / "none.json"), tmp_path / "control") as control:
+        assert unpinned_decision(control) == ("max", "rule")
+
+
+def test_learned_state_is_saved_periodically_and_survives_a_crash(tmp_path: Path) -> None:
+    state_file = tmp_path / "learned.json"
+    crashed = start_proxy(config(state_file, save_interval_s=0.5), tmp_path / "first")
+    try:
+        teach(crashed)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:  # written while the proxy runs, within an interval
+            # every observation saved: six per profile (decode statistics: [w, m, m2, n])
+            if state_file.exists() and observed(state_file) == dict.fromkeys(PROFILES, 6):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("no periodic save of all that was learned within 10 s")
+    finally:
+        # No stop: SIGKILL, so nothing is saved at exit. Its backends are in sessions of their
+        # own and outlive it: stopped here.
+        pids = [
+            b["pid"]
+            for b in crashed.get_json("/admin/backends", admin_key=ADMIN_KEY)[1]["backends"]
+            if b.get("pid")
+        ]
+        crashed.process.send_signal(signal.SIGKILL)
+        crashed.process.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    with running_proxy(config(state_file), tmp_path / "second") as second:
+        profile, reason = unpinned_decision(second)
+    assert (reason, profile != "max") == ("learned", True), (profile, reason)

@@ -1,0 +1,322 @@
+"""A real backend that fails on cue, for the proxy's fault tests.
+
+`python -m tests.support.misbehaving_backend --port P --mode MODE [--chunks N] [--interval S]`
+serves just enough of llama-server's API for the proxy: /health (always 200), /metrics, and
+streaming or complete answers on the generation paths (OpenAI chunks, Anthropic events). A request
+may pick its own behaviour with the header ``X-Misbehave: MODE`` or ``MODE:N``.
+
+Modes:
+  ok                    answer normally (N chunks, `interval` s apart)
+  hang-before-headers   read the request, then say nothing, ever
+  close-before-headers  read the request, then drop the connection
+  hang-after-chunks     send N chunks, then say nothing, ever
+  close-after-chunks    send N chunks, then drop the connection mid-stream
+  flood                 stream `--flood-mb` MB of 64 KiB events as fast as the reader takes them
+  echo-headers          answer a complete chat completion whose content is the headers received
+  hang-after-final      send N chunks and the API's final event, then never end the stream
+
+Whatever the mode, `POST /tokenize` and `GET /props` answer the method and path (with its query)
+they were called with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from bench.processes import free_port
+
+MODES = frozenset(
+    {
+        "ok",
+        "hang-before-headers",
+        "close-before-headers",
+        "hang-after-chunks",
+        "close-after-chunks",
+        "flood",
+        "echo-headers",
+        "hang-after-final",
+    }
+)
+_FOREVER_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    mode: str
+    chunks: int
+    interval_s: float
+    flood_mb: int
+
+
+BEHAVIOUR = web.AppKey("behaviour", Behaviour)
+
+
+def _behaviour(request: web.Request) -> Behaviour:
+    default = request.app[BEHAVIOUR]
+    asked = request.headers.get("X-Misbehave")
+    if not asked:
+        return default
+    mode, _, count = asked.partition(":")
+    if mode not in MODES:
+        raise web.HTTPBadRequest(text=f"unknown mode {mode!r}")
+    chunks = int(count) if count.isdigit() else default.chunks
+    return Behaviour(mode, chunks, default.interval_s, default.flood_mb)
+
+
+def _chat_chunk(text: str) -> bytes:
+    delta = {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    return f"data: {json.dumps(delta)}\n\n".encode()
+
+
+def _completion_chunk(text: str) -> bytes:
+    chunk = {"object": "text_completion", "choices": [{"index": 0, "text": text}]}
+    return f"data: {json.dumps(chunk)}\n\n".encode()
+
+
+def _responses_chunk(text: str) -> bytes:
+    event = {"type": "response.output_text.delta", "output_index": 0, "delta": text}
+    return f"event: response.output_text.delta\ndata: {json.dumps(event)}\n\n".encode()
+
+
+def _anthropic_chunk(text: str) -> bytes:
+    event = {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "text_delta", "text": text},
+    }
+    return f"event: content_block_delta\ndata: {json.dumps(event)}\n\n".encode()
+
+
+def _sse(name: str, data: dict[str, object]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _stream_head(api: str) -> bytes:
+    if api == "responses":
+        response = {"id": "resp_test", "object": "response", "status": "in_progress"}
+        return _sse("response.created", {"type": "response.created", "response": response})
+    if api != "messages":
+        return b""
+    start = {
+        "type": "message_start",
+        "message": {
+            "id": "msg_test",
+            "type": "message",
+            "role": "assistant",
+            "model": "misbehaving",
+            "content": [],
+            "stop_reason": None,
+            "usage": {"input_tokens": 1, "output_tokens": 0},
+        },
+    }
+    block = {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": ""},
+    }
+    return _sse("message_start", start) + _sse("content_block_start", block)
+
+
+def _stream_tail(api: str) -> bytes:
+    if api == "messages":
+        return _sse("message_stop", {"type": "message_stop"})
+    if api == "responses":
+        # 8 output tokens: enough for the proxy to learn a decode speed from the answer.
+        usage = {"input_tokens": 1, "output_tokens": 8, "total_tokens": 9}
+        response = {"id": "resp_test", "object": "response", "status": "completed", "usage": usage}
+        return _sse("response.completed", {"type": "response.completed", "response": response})
+    return b"data: [DONE]\n\n"
+
+
+_APIS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+# Each API's own stream chunks.
+_CHUNKS = {
+    "chat": _chat_chunk,
+    "completions": _completion_chunk,
+    "responses": _responses_chunk,
+    "messages": _anthropic_chunk,
+}
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    behaviour = _behaviour(request)
+    body = await request.json()
+    if behaviour.mode == "hang-before-headers":
+        await asyncio.sleep(_FOREVER_S)
+    if behaviour.mode == "close-before-headers":
+        _drop(request)
+        return web.Response(status=500)  # never sent: the connection is gone
+    if behaviour.mode == "echo-headers":
+        return _echo(request)
+    if not isinstance(body, dict) or not body.get("stream"):
+        return web.json_response(_complete_body("done"))
+    return await _stream(request, behaviour, api=_APIS[request.path])
+
+
+async def _stream(request: web.Request, behaviour: Behaviour, *, api: str) -> web.StreamResponse:
+    out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await out.prepare(request)
+    try:
+        await _chunks(out, behaviour, api)
+    except ConnectionError:
+        return out  # the proxy went away (its client did): nothing left to send
+    if behaviour.mode == "hang-after-chunks":
+        await asyncio.sleep(_FOREVER_S)
+    if behaviour.mode == "close-after-chunks":
+        _drop(request)
+        return out
+    await out.write(_stream_tail(api))
+    if behaviour.mode == "hang-after-final":
+        await asyncio.sleep(_FOREVER_S)  # the answer is complete; the stream never ends
+    await out.write_eof()
+    return out
+
+
+async def _chunks(out: web.StreamResponse, behaviour: Behaviour, api: str) -> None:
+    await out.write(_stream_head(api))
+    chunk = _CHUNKS.get(api, _chat_chunk)
+    if behaviour.mode == "flood":
+        await _flood(out, behaviour.flood_mb, chunk)
+        return
+    for i in range(behaviour.chunks):
+        await out.write(chunk(f"token{i} "))
+        await asyncio.sleep(behaviour.interval_s)
+
+
+async def _flood(
+    out: web.StreamResponse, megabytes: int, make_chunk: Callable[[str], bytes]
+) -> None:
+    chunk = make_chunk("x" * 65_000)
+    for _ in range(megabytes * 1024 * 1024 // len(chunk)):
+        await out.write(chunk)  # write() waits while the reader is behind: we follow its pace
+
+
+def _drop(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+def _echo(request: web.Request) -> web.Response:
+    received = {key: value for key, value in request.headers.items()}
+    response = web.json_response(_complete_body(json.dumps(received)))
+    # A backend that sets a cookie: the proxy must not replay it on other clients' requests.
+    response.set_cookie("backend-session", "from-an-earlier-request")
+    return response
+
+
+def _complete_body(content: str) -> dict[str, object]:
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "model": "misbehaving",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
+async def echo_request(request: web.Request) -> web.Response:
+    return web.json_response({"method": request.method, "path_qs": request.raw_path})
+
+
+async def health(_request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def metrics(_request: web.Request) -> web.Response:
+    return web.Response(text="", content_type="text/plain")
+
+
+def make_app(behaviour: Behaviour) -> web.Application:
+    app = web.Application()
+    app[BEHAVIOUR] = behaviour
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/tokenize", echo_request)
+    app.router.add_get("/props", echo_request)
+    for path in _APIS:
+        app.router.add_post(path, generate)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--mode", choices=sorted(MODES), default="ok")
+    parser.add_argument("--chunks", type=int, default=5)
+    parser.add_argument("--interval", type=float, default=0.01)
+    parser.add_argument("--flood-mb", type=int, default=256)
+    args = parser.parse_args()
+    behaviour = Behaviour(args.mode, args.chunks, args.interval, args.flood_mb)
+    web.run_app(make_app(behaviour), host=args.host, port=args.port, print=None, access_log=None)
+
+
+@contextmanager
+def running_backend(mode: str = "ok", *extra: str) -> Iterator[str]:
+    """Run this program on a free loopback port; yields its base URL, stops it afterwards."""
+    with backend_process(mode, *extra) as (url, _process):
+        yield url
+
+
+@contextmanager
+def backend_process(mode: str = "ok", *extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """As running_backend, with the process itself, for tests that kill it on purpose."""
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.support.misbehaving_backend",
+        "--port",
+        str(port),
+        "--mode",
+        mode,
+    ]
+    process = subprocess.Popen([*argv, *extra], start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, process)
+        yield url, process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"misbehaving backend exited {process.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError("misbehaving backend did not start")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""The routing policy of one process (routing.depth): replica, pin, the busy epoch's depth,
+learned per load level, cold rules, break-even guard, bounded exploration. Plain values in."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from proxy.config.routing import RoutingSettings
+from proxy.routing.classes import RequestClass, load_level
+from proxy.routing.depth import DepthDecision, Replica, decide_depth
+from proxy.routing.features import ContentKind
+from proxy.routing.stats import LearnedStats
+from proxy.routing.telemetry import Observation
+from tests.unit.test_policy import Draws, feat
+
+S = RoutingSettings()
+NO_EXPLORE = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0)
+DEPTHS = {"off": 0, "min": 2, "max": 3}
+SHORT = RequestClass("<4k", "prose")
+
+
+def one(in_flight: int = 0, **kw: object) -> Replica:
+    return Replica("m/one-copy", True, in_flight, 4, **kw)  # type: ignore[arg-type]
+
+
+def train(
+    stats: LearnedStats,
+    cls: RequestClass,
+    profile: str,
+    decode: float,
+    *,
+    level: int = 1,
+    n: int = 10,
+    acceptance: float = 0.8,
+    out: int = 400,
+) -> None:
+    drafted = 100 if DEPTHS[profile] else 0
+    for _ in range(n):
+        obs = Observation(
+            backend="m/one-copy",
+            profile=profile,
+            request_class=cls,
+            context_tokens=2000,
+            cached_tokens=0,
+            output_tokens=out,
+            draft_n=drafted or None,
+            draft_n_accepted=int(drafted * acceptance) if drafted else None,
+            decode_tok_s=decode,
+            prefill_s=2.0,
+            ttft_s=None,
+            total_s=None,
+            source="timings",
+        )
+        stats.observe(cls, profile, obs, level=level)
+
+
+def run(
+    tokens: int = 500,
+    kind: ContentKind = "prose",
+    replicas: list[Replica] | None = None,
+    stats: LearnedStats | None = None,
+    settings: RoutingSettings = NO_EXPLORE,
+    *,
+    pin: str | None = None,
+    mixed: bool = False,
+    rng: random.Random | None = None,
+) -> DepthDecision:
+    d = decide_depth(
+        feat(tokens, kind, pin=pin),
+        replicas or [one()],
+        DEPTHS,
+        (stats or LearnedStats(settings)).for_model(""),
+        settings,
+        rng or random.Random(0),
+        mixed=mixed,
+    )
+    assert d is not None
+    return d
+
+
+def test_levels_keep_alone_two_and_four_plus_apart() -> None:
+    assert [load_level(n, S) for n in (1, 2, 3, 4, 9)] == [1, 2, 2, 4, 4]
+
+
+def test_no_ready_replica_is_no_decision() -> None:
+    down = Replica("m/one-copy", False, 0, 4)
+    assert decide_depth(feat(), [down], DEPTHS, LearnedStats(S).for_model(""), S, Draws()) is None
+
+
+def test_cold_alone_follows_the_design_card_rules() -> None:
+    assert (run(500).profile, run(500).depth, run(500).reason) == ("max", 3, "rule")
+    assert run(40_000, "code").profile == "min"
+    assert run(40_000, "prose").profile == "off"
+
+
+def test_cold_beside_others_does_not_draft() -> None:
+    # Published runs: MTP -19 % to -30 % at 2-4 parallel requests. Mixed allowed, so the
+    # newcomer is free to choose; what decodes there sets its load level.
+    d = run(500, replicas=[one(1)], mixed=True)
+    assert (d.profile, d.depth, d.level, d.reason) == ("off", 0, 2, "rule")
+
+
+def test_beside_others_a_request_gets_the_depth_of_the_busy_epoch() -> None:
+    d = run(500, "prose", replicas=[one(2, busy_depth="max")])
+    assert (d.profile, d.depth, d.reason, d.level) == ("max", 3, "busy", 2)
+    assert d.detail == "busy epoch of m/one-copy at max"
+    # A model whose slots may mix depths chooses per request instead.
+    free = run(500, "prose", replicas=[one(2, busy_depth="max")], mixed=True)
+    assert (free.profile, free.reason) == ("off", "rule")
+
+
+def test_a_recent_burst_counts_as_busy_and_an_idle_process_lets_the_request_choose() -> None:
+    burst = run(500, replicas=[one(0, recent_load=4.2, busy_depth="off")])
+    assert (burst.profile, burst.reason, burst.level) == ("off", "busy", 4)
+    idle = run(500, replicas=[one(0, busy_depth="off")])
+    assert (idle.profile, idle.reason, idle.level) == ("max", "rule", 1)
+
+
+def test_a_pin_wins_over_the_busy_epoch() -> None:
+    d = run(500, replicas=[one(2, busy_depth="max")], pin="off")
+    assert (d.profile, d.depth, d.reason) == ("off", 0, "pinned")
+    assert run(500, pin="MIN").depth == 2
+
+
+def test_an_unknown_pin_is_said_and_ignored() -> None:
+    d = run(500, pin="turbo")
+    assert d.profile == "max" and d.detail.startswith("pin turbo unknown")
+
+
+def test_learned_at_the_load_level_it_runs_at() -> None:
+    stats = LearnedStats(NO_EXPLORE)
+    for profile, alone, busy in (("off", 30.0, 25.0), ("min", 40.0, 22.0), ("max", 50.0, 20.0)):
+        train(stats, SHORT, profile, alone, level=1)
+        train(stats, SHORT, profile, busy, level=2)
+    alone_pick = run(500, stats=stats)
+    assert (alone_pick.profile, alone_pick.reason, alone_pick.level) == ("max", "learned", 1)
+    busy_pick = run(500, replicas=[one(1)], stats=stats, mixed=True)
+    assert (busy_pick.profile, busy_pick.reason, busy_pick.level) == ("off", "learned", 2)
+
+
+def test_an_idle_process_with_a_busy_recent_past_plans_for_the_burst() -> None:
+    stats = LearnedStats(NO_EXPLORE)
+    for profile, alone, busy in (("off", 30.0, 25.0), ("min", 40.0, 22.0), ("max", 50.0, 20.0)):
+        train(stats, SHORT, profile, alone, level=1)
+        train(stats, SHORT, profile, busy, level=4)
+    d = run(500, replicas=[one(0, recent_load=4.2)], stats=stats)
+    assert (d.profile, d.level) == ("off", 4)
+
+
+def test_a_class_short_of_data_borrows_its_neighbours_ranking_at_the_same_level() -> None:
+    stats = LearnedStats(NO_EXPLORE)
+    code = RequestClass("<4k", "code")
+    for profile, speed in (("off", 30.0), ("min", 45.0), ("max", 40.0)):
+        train(stats, code, profile, speed)
+    d = run(500, "prose", stats=stats)
+    assert (d.profile, d.reason) == ("min", "learned")
+    assert "(from <4k/code)" in d.detail
+
+
+def test_break_even_guard_skips_a_depth_that_accepts_too_little() -> None:
+    stats = LearnedStats(NO_EXPLORE)
+    train(stats, SHORT, "max", 31.0, acceptance=0.3)  # trusted alone is not enough to learn
+    d = run(500, stats=stats)
+    assert (d.profile, d.reason) == ("min", "rule")
+    assert "max below break-even" in d.detail
+
+
+def test_exploration_is_bounded_and_tries_the_untried_first() -> None:
+    settings = RoutingSettings(exploration_rate=0.05, cold_exploration_rate=0.5)
+    explored = run(500, settings=settings, rng=Draws(0.1))
+    assert explored.reason == "explore" and explored.profile in ("off", "min")
+    kept = run(500, settings=settings, rng=Draws(0.9))
+    assert kept.reason == "rule"
+    # Never past exploration_max_tokens: a long prompt's wrong pick costs the most.
+    assert run(40_000, "code", settings=settings, rng=Draws(0.0)).reason == "rule"
+    # Without learning: no exploration at all.
+    frozen = RoutingSettings(learning=False, cold_exploration_rate=1.0)
+    assert run(500, settings=frozen, rng=Draws(0.0)).reason == "rule"
+
+
+def test_learned_exploration_rate_stays_small() -> None:
+    stats = LearnedStats(S)
+    for profile, speed in (("off", 30.0), ("min", 40.0), ("max", 50.0)):
+        train(stats, SHORT, profile, speed, n=50)
+    rng = random.Random(7)
+    reasons = Counter(run(500, stats=stats, settings=S, rng=rng).reason for _ in range(2000))
+    assert reasons["explore"] <= 0.05 * 2000
+    assert reasons["learned"] >= 0.95 * 2000
+
+
+def test_the_session_holder_keeps_its_request_while_it_has_room() -> None:
+    a = Replica("m/one-copy#1", True, 2, 4)
+    b = Replica("m/one-copy#2", True, 0, 4, holds_session=True)
+    c = Replica("m/one-copy#3", True, 0, 4)
+    assert run(500, replicas=[a, c, b]).backend == "m/one-copy#2"
+    full = Replica("m/one-copy#2", True, 4, 4, holds_session=True)
+    assert run(500, replicas=[a, full, c]).backend == "m/one-copy#3"
+    assert run(500, replicas=[a, c]).backend == "m/one-copy#3"  # least loaded
+
+
+def test_long_contexts_never_explore_a_depth_known_to_lose_much() -> None:
+    # Exploration allowed on long prompts here, to see the regret bound alone; long answers,
+    # so the decode speed dominates the expected time.
+    settings = RoutingSettings(exploration_rate=0.2, exploration_max_tokens=100_000, min_samples=2)
+    stats = LearnedStats(settings)
+    long_code = RequestClass("32k-64k", "code")
+    for profile, speed in (("off", 30.0), ("min", 29.0)):
+        train(stats, long_code, profile, speed, n=20, out=4000)
+    for speed in (1.0, 39.0):  # max: 20 tok/s on average, so uncertain Thompson may pick it
+        train(stats, long_code, "max", speed, n=1, out=4000)
+    picks = Counter(
+        run(40_000, "code", stats=stats, settings=settings, rng=random.Random(seed)).profile
+        for seed in range(300)
+    )
+    assert picks["max"] == 0 and picks["min"] > 0, picks  # min is explored, max never
+
+
+def test_long_contexts_never_explore_a_depth_below_break_even() -> None:
+    settings = RoutingSettings(exploration_rate=0.2, exploration_max_tokens=100_000)
+    stats = LearnedStats(settings)
+    long_code = RequestClass("32k-64k", "code")
+    train(stats, long_code, "off", 30.0, n=20)
+    train(stats, long_code, "min", 29.0, n=20)
+    train(stats, long_code, "max", 29.5, n=20, acceptance=0.3)  # fast enough, accepts too little
+    picks = Counter(
+        run(40_000, "code", stats=stats, settings=settings, rng=random.Random(seed)).profile
+        for seed in range(300)
+    )
+    assert picks["max"] == 0 and picks["min"] > 0, picks
