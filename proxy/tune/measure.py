@@ -26,7 +26,7 @@ from proxy.routing.telemetry import (
 )
 
 DEPTH_FIELD = "speculative.n_max"
-"""The per-request draft depth (a flat top-level key; see HELPERS.md's contract)."""
+"""The per-request draft depth (a flat top-level key; patches/llama.cpp/README.md)."""
 API_OF_PATH: dict[str, Api] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",

@@ -8,7 +8,7 @@ one prompt are sent side by side, setting after setting. Settings that differ in
 p_min still need their own process (the per-request field is n_max only).
 
 In ``auto`` mode the draft-control probe of the supervisor decides (``Backend.draft_control``,
-see HELPERS.md): the first process of a group is started anyway; when it does not honour the
+supervisor.draft_probe): the first process of a group is started anyway; when it does not honour the
 field, the group's other settings get processes of their own.
 """
 

@@ -53,7 +53,8 @@ def expected_drafts(tokens: int, depth: int) -> int:
 
 
 def test_expected_drafts_matches_the_recorded_figures() -> None:
-    # 60 tokens at depth 1/2/3 drafted 29/39/44 on the pinned build (llama-server.md).
+    # 60 tokens at depth 1/2/3 drafted 29/39/44 on the pinned build
+    # (docs/published-figures.md#per-request-depth).
     assert [expected_drafts(60, d) for d in (0, 1, 2, 3)] == [0, 29, 39, 44]
 
 

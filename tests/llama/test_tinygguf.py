@@ -213,7 +213,7 @@ def serve(binary: str, tmp_path: Path, record_property: Any) -> Iterator[Serve]:
             rss = server.rss_bytes() or 0
             record_property(f"ready_ms {label}", round(server.ready_seconds * 1000, 1))
             record_property(f"rss_mib {label}", round(rss / 2**20, 1))
-            print(  # visible with -s: the numbers the report and llama-server.md quote
+            print(  # visible with -s: docs/published-figures.md#tiny-models-on-a-cpu
                 f"\n{label}: ready {server.ready_seconds * 1000:.0f} ms, "
                 f"health {'->'.join(server.health_trace)}, RSS {rss / 2**20:.0f} MiB"
             )

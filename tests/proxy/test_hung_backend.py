@@ -1,8 +1,8 @@
-"""The README's figure, measured with the default supervisor settings: a hung backend is detected
-in 8-10 s and replaced within ~30 s.
+"""The figure of docs/operations.md ("Faults"), measured with the default supervisor settings: a
+hung backend is detected in 8-10 s and replaced within ~30 s.
 
 A simulated backend is frozen with SIGSTOP (it keeps its port and accepts connections, but never
-answers: a deadlock, a wedged GPU driver). The supervisor's /health probes time out, the backend
+answers: a deadlock, a wedged GPU driver). The supervisor's health checks (/health) time out, the backend
 turns `unhealthy` once none has succeeded for `unhealthy_after_s`, and `replace_after_s` later
 it is killed (SIGKILL: SIGTERM would wait in vain) and a new process is started.
 """
@@ -28,8 +28,9 @@ from tests.support.harness import (
 )
 from tests.support.traffic import body_for, send, wait_all_ready
 
-DETECTED_S = (8.0, 11.0)  # README: "detected in 8-10 s", plus up to 1 s for this poll to see it
-REPLACED_S = 30.0  # README: "replaced within ~30 s"
+# docs/operations.md: "detected in 8-10 s", plus up to 1 s for this poll to see it
+DETECTED_S = (8.0, 11.0)
+REPLACED_S = 30.0  # docs/operations.md: "replaced within ~30 s"
 
 
 def backend_row(proxy: ProxyProcess, name: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Concurrency of the simulator against published llama.cpp runs, measured over HTTP.
 
-Every expectation is a published figure (/work/shared/mtp-data.md, section "Concurrency"),
+Every expectation is a published figure (docs/published-figures.md#concurrency),
 written here as published, not read back from the presets; tolerances are stated in
 simulator/MODEL.md ("Concurrency"). A burst of s identical requests (latent 1, ignore_eos) runs
 on one process with -np 4; aggregate tok/s is their tokens over the burst's decode makespan, in
@@ -25,7 +25,7 @@ R9700 = {1: (39.0, 24.3), 2: (25.2, 26.9), 4: (23.7, 28.2)}
 # The contrary newer build: 4 slots with MTP at 1.97x one slot, still ahead of 4 without MTP.
 NEWER_BUILD_4_SLOTS_VS_ONE = 1.97
 # Setup B (single request, n_max 3 vs off): greeting 1.71x, "write a simple game" 56-61 tok/s
-# against ~38.9, i.e. 1.45-1.60x (the README's reading of the tutorial).
+# against ~38.9, i.e. 1.45-1.60x (docs/published-figures.md#setup-b).
 SETUP_B_GREETING = 1.71
 SETUP_B_GAME = (1.45, 1.60)
 

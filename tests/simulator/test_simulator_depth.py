@@ -1,6 +1,6 @@
 """The per-request draft depth ("speculative.n_max") on the real simulator process, over HTTP.
 
-The contract (HELPERS.md): a flat top-level integer key on chat, completions, /completion,
+The contract (patches/llama.cpp/README.md): a flat top-level integer key on chat, completions, /completion,
 responses and messages; 0 = no drafting, above the start-up depth clamped, negative or
 non-integer a 400 (the schema's message), a nested {"speculative": {...}} ignored; with
 --ignore-request-draft the key has no effect at all, as on stock llama-server.

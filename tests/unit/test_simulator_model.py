@@ -1,6 +1,7 @@
 """The simulator's performance model, tokenizer and kind rule: pure functions, no processes.
 
-The calibration tests reproduce mtp-data.md's seed tables from the bundled presets.
+The calibration tests reproduce the seed tables of docs/published-figures.md (#setup-a, #setup-b)
+from the bundled presets.
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ def mtp(n_max: int, n_min: int = 0, p_min: float = 0.75) -> DraftSettings:
     return DraftSettings("draft-mtp", n_max, n_min, p_min)
 
 
-# --- calibration: the published figures of mtp-data.md, as published --------------------------
+# --- calibration: the published figures of docs/published-figures.md, as published ------------
 #
-# Each expectation below is a published figure (Setup A table, Setup B table), never a value read
-# back from a preset. The tolerances are the ones README.md ("Simulator calibration") and
-# simulator/MODEL.md ("Calibration") state. The `off` rows are what each preset's t0_ms was
+# Each expectation below is a published figure (#setup-a and #setup-b there), never a value read
+# back from a preset. The tolerances are the ones docs/benchmarks.md ("Simulator calibration")
+# and simulator/MODEL.md ("Calibration") state. The `off` rows are what each preset's t0_ms was
 # fitted to, so for them these tests check the fit; the MTP rows come from the spec and
 # acceptance constants, fitted jointly to all rows.
 
-README_TOK_S = 0.003  # README: "Setup A tok/s within 0.3% of all five published rows"
+README_TOK_S = 0.003  # docs/benchmarks.md: "Setup A tok/s within 0.3% of all five published rows"
 MODEL_MD_ACCEPTANCE_POINTS = 0.01  # MODEL.md: the rows that can be met are met within 1 point
 MODEL_MD_CONFLICT_POINTS = 0.07  # MODEL.md: n_max 1 and n_max 2 / n_min 2 cannot both be met
 
