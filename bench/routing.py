@@ -34,8 +34,7 @@ Policies:
   makes every decoding request pay the mixed-depth pass, so a cell that leaves the best static
   setting can cost the others more than it gains. Not run on a pool unless asked for, and there
   only with ``--static-pool shared``: with replicas its static runs had three backends of one
-  profile and the replay would put most requests on one backend of the off/min/max pool (on
-  the default trace that replay reached 0.32-0.53x the best static);
+  profile and the replay would put most requests on one backend of the off/min/max pool;
 - ``greedy``: each request pinned to the setting the simulator predicts fastest for it against
   the same cache and load state at its send (POST /sim/predict with each depth, or on each
   backend). It never gives up one request's speed for others' (it cannot see the requests
@@ -61,11 +60,8 @@ the time scale, so speeds they measure with their own clock are in simulated sec
 The default time scale (20) replays the default trace (~800 simulated seconds) in ~40 s per
 policy. Wall-clock noise (other processes on the machine) enters the latencies multiplied by
 the time scale, and it decides races (which request reaches a backend first) that then change
-the routing: at 40 two runs on a shared 2-core machine differed by up to 10 % in goodput, at 20
-by under 0.1 % on a quiet machine; with four benchmarks at once, three runs of the concurrent
-trace (one-copy, setup-b) differed by under 1 % for adaptive and hindsight and by 4 % for depth
-0 and greedy. ``--repeat N`` prints the largest difference between runs, per ratio and per
-policy.
+the routing (how much, per time scale: docs/benchmarks.md, "Repeatability"). ``--repeat N``
+prints the largest difference between runs, per ratio and per policy.
 
 ``--relearn`` replays the "shift" trace (short chats whose content turns from prose to code
 half-way) on a pool whose max profile drafts badly on code (``--acceptance-scale code=0.25``)
@@ -85,15 +81,12 @@ Mean over runs: whenever a preset has more than one run (``--repeat N``, several
 both), ``mean`` (and a short table) gives per preset each policy's mean goodput over all those
 runs and the ratios of those means (bench/routing_report.py ``mean_report``). The default trace
 keeps the one process saturated, and a saturated trace amplifies small differences: which long
-agent context is still cached decides whether a turn processes 60-100k tokens again. The
-simulator keeps llama-server's host-memory prompt cache (``--cache-ram``, simulator/MODEL.md),
-which brings an evicted context back, so static rows repeat within 0.3 % on setup-a and on the
-concurrent trace (they moved by 13 % without it); setup-b's model fills the 8 GiB cache with
-one long context, and there the default trace can still move by a third (depth 0 on
-setup-b-batched: 9.03 and 12.27), as can the adaptive row, whose decisions follow the order in
-which measurements arrive. Read issue 11's targets (``meets_targets``) on the mean, over
-repeats and over seeds of one generator (``--trace default,default:2,default:3 --repeat 2``):
-a mean over different generators weighs the one with the higher goodput more.
+agent context is still cached decides whether a turn processes 60-100k tokens again (the
+simulator keeps llama-server's host-memory prompt cache, ``--cache-ram``, simulator/MODEL.md,
+but setup-b's model fills it with one long context). Read issue 11's targets
+(``meets_targets``) on the mean, over repeats and over seeds of one generator (``--trace
+default,default:2,default:3 --repeat 2``): a mean over different generators weighs the one with
+the higher goodput more. Measured figures: docs/benchmarks.md ("Routing").
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The per-request draft depth: the flat top-level key "speculative.n_max" of a request body.
 
 As the project's patched llama-server treats it (patches/llama.cpp/README.md; the pinned sdist's
-schema: docs/published-figures.md#per-request-depth): an integer 0 .. 2**31 - 1 (the schema's hard limits; anything else is a
-400 with the schema's message), null means "server default" (the schema treats null as absent),
-0 turns drafting off for this request, and a value above the start-up --spec-draft-n-max is
-clamped to it. A nested {"speculative": {...}} is not the key and is ignored. Stock llama-server
-compiles the key out and ignores it entirely (--ignore-request-draft).
+schema: docs/published-figures.md#per-request-depth): an integer 0 .. 2**31 - 1 (the schema's hard
+limits; anything else is a 400 with the schema's message), null means "server default" (the schema
+treats null as absent), 0 turns drafting off for this request, and a value above the start-up
+--spec-draft-n-max is clamped to it. A nested {"speculative": {...}} is not the key and is ignored.
+Stock llama-server compiles the key out and ignores it entirely (--ignore-request-draft).
 """
 
 from __future__ import annotations

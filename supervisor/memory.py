@@ -1,7 +1,8 @@
 """Rough GPU memory needs of a pool, to warn before llama-server spills layers to the CPU.
 
-The estimate is deliberately simple and errs high: a warning that turns out unneeded costs a
-glance, a pool that silently does not fit costs most of its speed (figures: docs/published-figures.md#setup-a).
+The estimate is deliberately simple and errs high: a warning that turns out unneeded costs a glance,
+a pool that silently does not fit costs most of its speed (figures:
+docs/published-figures.md#setup-a).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ GIB = 1024 * MIB
 _KV_BYTES_PER_TOKEN_PER_MODEL_BYTE = 1 / 65536
 _DEFAULT_LAYERS = 48  # only to apportion the heuristic KV cache to one (MTP) layer
 
-# Published (docs/published-figures.md#setup-a): compute buffer ~294 MB at 10 draft tokens -> ~30 MiB per draft token,
-# and n_max >= 3 already adds 150+ MB. Keep >= 500 MB free for 5-10 draft tokens.
+# Published (docs/published-figures.md#setup-a): compute buffer ~294 MB at 10 draft tokens ->
+# ~30 MiB per draft token, and n_max >= 3 already adds 150+ MB. Keep >= 500 MB free for 5-10
+# draft tokens.
 _COMPUTE_BYTES_PER_DRAFT_TOKEN = 30 * MIB
 _COMPUTE_FLOOR_AT_3_DRAFTS = 150 * MIB
 DRAFT_HEADROOM_BYTES = 500 * MIB

@@ -1,11 +1,9 @@
 """Bookkeeping no client waits for, run in batches a moment after the answers went out.
 
-A finished request's telemetry, metrics, learned statistics and log line cost ~0.25 ms of CPU
-on a cold path. Run right after the answer, that work still delayed the *next* request of a
-client that sends back to back, as a coding agent's loop does: its bytes arrived while the
-bookkeeping ran, and the loop read them only after it (`python -m bench.overhead --levels 1`
-measured +0.25 ms p50 for it). Deferred by a few milliseconds, it runs while the backends
-compute, and a batch of it runs on warm caches.
+A finished request's telemetry, metrics, learned statistics and log line are deferred by a few
+milliseconds and run in a batch: run right after the answer, that work delayed the *next*
+request of a client that sends back to back, as a coding agent's loop does (docs/benchmarks.md,
+"Overhead"); deferred, it runs while the backends compute, on warm caches.
 
 Whatever reads what the bookkeeping writes (/metrics, /admin/routing, the statistics file)
 calls `flush` first, so no request that finished before the read is missing from it.

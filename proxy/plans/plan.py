@@ -1,12 +1,12 @@
 """The plan: how each model's profiles are served, and the backend processes that follow.
 
-Two shapes serve the profiles (design: "Two shapes serve the profiles"):
+Two shapes serve the profiles (docs/architecture.md, "Plans"):
 
 - **one process** (``one-copy``): one llama-server per model (or one per replica, e.g. per GPU)
   started at the deepest depth any profile needs; a profile is then the per-request field
   ``"speculative.n_max"`` (``off`` = 0, ``min``/``max`` = their ``draft_n_max``). One copy of the
   weights and one prefix cache, so changing depth costs nothing.
-- **pool**: one process per profile, each with its own copy (today's shape; where memory allows).
+- **pool**: one process per profile, each with its own copy (where memory allows).
 
 A third, ``single``, is the fallback of ``auto`` when the backend ignores the per-request field
 and the pool does not fit: one process at the single best setting (``fallback_profile``).
@@ -105,8 +105,8 @@ def _depth_choice(model: ModelSettings) -> bool:
 
 def fallback_profile(model: ModelSettings) -> ProfileSettings:
     """The single best setting when only one process fits and depth is not per-request:
-    `fallback_profile`, else the profile named min (the design card's safe middle: ~0.97x on
-    long code, most of the short-chat gain), else the deepest."""
+    `fallback_profile`, else the profile named min (the safe middle: ~0.97x on long code, most
+    of the short-chat gain: docs/routing.md), else the deepest."""
     by_name = {p.name: p for p in model.profiles}
     if model.fallback_profile is not None:
         return by_name[model.fallback_profile]

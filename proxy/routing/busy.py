@@ -1,52 +1,26 @@
 """The depth a busy process runs at, learned from what it achieved there at each depth.
 
-On one process, requests that decode together should share a depth (on hybrid models a second
-depth costs every step an extra pass), and a request keeps the depth it was admitted at. So while
-the process is busy the choice that matters is the process's, not the request's: every request
-admitted beside others gets the depth of the current *epoch* (``busy_epoch_admissions``
-admissions), and each epoch's depth is chosen from what the process achieved at each depth:
+While a process is busy, every request admitted beside others gets the depth of the current
+*epoch* (``busy_epoch_admissions`` admissions), and a request keeps the depth it was admitted
+at. Each epoch's depth (``next_busy_depth``) is the cold depth or the other one (the deepest, or
+the shallowest when the cold depth is the deepest: the router's choice):
 
-1. cold: ``cold_busy_role`` (off: published runs lose with speculation at 2-4 parallel
-   requests) until it has ``min_samples`` measured requests;
-2. then one epoch at the deepest depth, since newer builds batch the drafts well (and setups
-   differ: which one wins is what is measured here); not repeated while its requests are still
-   out, since a decision made before they report would be a blind one;
-3. then the deepest depth while it is likely faster: entered when the chance that it is faster
-   is above ``ENTER``, left when it falls below ``STAY``. The gap between the two keeps the
-   process from flip-flopping between two close depths: each switch makes both depths decode
-   side by side until the old requests finish, which costs more than either depth does. While
-   the comparison is still open (a chance between ``DROP`` and ``ENTER`` on few requests), the
-   deepest depth gets another epoch now and then: otherwise one unlucky early epoch would rule
-   it out for good, since a process that stays cold measures only the cold depth.
+1. cold: ``cold_busy_role`` until the process has ``min_samples`` measured requests there;
+2. then the other depth while it is likely faster: entered above ``ENTER``, left below ``STAY``;
+3. while the comparison is open (a chance between ``DROP`` and ``ENTER`` on fewer than
+   ``DECIDED`` x ``min_samples`` requests), an exploring epoch at the other depth
+   (``Epoch.exploring``), only on an idle process (``calm``) and not while half an epoch of its
+   requests is still out; below ``DROP`` it is not measured again.
 
-The epochs at the deepest depth before it is known to be faster (``Epoch.exploring``) are the
-price of learning, and on a saturated process a slower epoch is paid again as queueing by every
-request behind it. So one starts only on an idle process (``calm``: the first request of a
-burst), whose requests soon decode at its depth alone; started beside long requests at the
-other depth, an epoch ran mixed until they ended and measured nothing, and was repeated. And
-none starts once the deepest depth is clearly slower (a chance below ``DROP``), however few
-requests say so. On the routing benchmark this took the adaptive policy on setup-a's default
-trace from 0.77 to 1.02x depth 0 (bench.routing, one run; README "Routing").
+What a depth achieved (``BusyDepths``): the log decode speed of the requests that ran at it
+while the process was busy at that depth only, each weighted by how long it ran so (the live
+backend's single-depth clock), per cell (class label, load level, profile). A comparison
+(``BusyDepths.gap``) counts each class by its share of the time at the two depths and its
+certainty in requests, not seconds; a class measured at the reference depth only counts at the
+measured classes' gap shrunk toward ``PRIOR_GAP``.
 
-What a depth achieved is the decode speed of the requests that ran at it while the process was
-busy at that depth only, as log speed, each weighted by how long it ran so (the pool's
-single-depth clock): the time-weighted mean speed of a slot, which is what the process's
-throughput is made of. Weighting by time, rather than keeping only the runs that stayed at one
-depth throughout, matters: of the requests of a short epoch, those that finish before the next
-epoch's depth joins them are the fast ones, so that filter measured the deep depth on setup-b
-10 % faster than the cold one when it was 20 % slower. How sure a comparison is counts
-requests, not seconds (a long run is still one request's speed). Speeds are compared cell by
-cell: the class (context size and content kind) and the load level of the run (how many
-requests decoded together on average over its time at one depth: 2-3 or 4+). A slot's speed
-falls with the requests beside it, and an exploring epoch that starts on an idle process runs
-at a lower load than the cold depth's average: compared across loads, drafting looked faster
-than it was. A cell measured at the cold depth only is not left out: it is taken to differ as
-the measured cells do, shrunk toward the published loss (``PRIOR_GAP``, a prior worth
-``PRIOR_REQUESTS`` requests), and counts by its time like the others. Otherwise an epoch of
-short chats that drafted well would move the process to the deepest depth while its long agent
-prompts, most of its time, had never run there (setup-a: drafting halves their speed at 4+).
-
-Pure: the state is data, the choice is a function of it.
+Pure: the state is data, the choice is a function of it. Why each rule, and what it was measured
+to do: docs/routing.md ("Busy epochs").
 """
 
 from __future__ import annotations
@@ -72,7 +46,8 @@ MIN_SD = 0.15
 PRIOR_GAP = math.log(0.75)
 """What a class not yet measured at the other depth is taken to lose there, in log speed: the
 published llama.cpp runs with 2-4 parallel requests (-22 % at 2, -30 % at 4, -19 % at 4 on
-another GPU). A prior, not evidence: it moves the mean, not the count of requests."""
+another GPU: docs/published-figures.md#concurrency). A prior, not evidence: it moves the mean,
+not the count of requests."""
 PRIOR_SD = 0.3
 PRIOR_REQUESTS = 3.0
 """How many requests' worth of evidence the prior is: a class not yet measured at the other

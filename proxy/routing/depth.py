@@ -1,12 +1,8 @@
 """The routing policy of one process: which replica, and which per-request draft depth.
 
 Pure, like ``policy``: data in, a decision out; randomness only from the ``random.Random``
-passed in. With one process the prefix cache is shared by every depth, so changing depth costs
-nothing and affinity no longer fights the depth choice: a session's replica is the one holding its
-cache, and its depth is chosen afresh for each request. What matters instead is concurrency
-(published llama.cpp runs: MTP +60-99 % alone, -19 % to -30 % at 2-4 parallel requests), and on
-hybrid models (Qwen3.5/3.6) slots that draft different amounts cannot share a forward pass.
-Hence, in order:
+passed in. Every depth shares the process's prefix cache, so a session's replica is the one
+holding its cache, and its depth is chosen afresh for each request, in order:
 
 1. replica: the one holding the session's cache if it has room, else the least loaded.
 2. pin: ``X-MTP-Profile`` names a profile: its depth, whatever else decodes.
@@ -26,9 +22,8 @@ Hence, in order:
 The load level of a request is what will decode beside it: the requests in flight on the
 replica plus itself, or the replica's recent concurrency if higher (so the first request of a
 burst is counted busy too). The statistics learn only from requests that decoded at one depth
-throughout (the router's caller drops the others): a drafter among plain requests decodes almost
-for free while they pay its extra pass, so its speed, and theirs, describe the mix and not the
-depth. (The busy epochs weigh every request by its time at one depth instead: routing.busy.)
+throughout (the router's caller drops the others; the busy epochs weigh every request by its time
+at one depth instead: routing.busy). Why: docs/routing.md ("Decision on one process").
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ class TokenCalibrator:
     Every client shares it, so no client may steer it: a request's ratio is clamped to a
     plausible range, and one request moves the estimate by at most `_MAX_STEP` (1%), however
     odd its text. An EWMA (in log space) follows slow drift; ten crafted requests move the
-    estimate by under 10%, where they used to halve it.
+    estimate by under 10%.
     """
 
     _MIN_TOKENS = 64  # below this the template overhead dominates the ratio

@@ -1,10 +1,10 @@
 """The per-request draft depth, written into a client's body on its way to a backend.
 
-The contract (patches/llama.cpp/README.md): the flat top-level key ``"speculative.n_max"``, an integer; 0 = no
-drafting for this request. The proxy otherwise forwards the client's bytes unchanged, so the key
-is spliced in as the object's first member rather than re-serializing the body: one copy of the
-bytes, no parse. A client that set the key itself keeps its own value (the caller skips the
-splice; a later duplicate key would win in llama-server's parser anyway).
+The contract (patches/llama.cpp/README.md): the flat top-level key ``"speculative.n_max"``, an
+integer; 0 = no drafting for this request. The proxy otherwise forwards the client's bytes
+unchanged, so the key is spliced in as the object's first member rather than re-serializing the
+body: one copy of the bytes, no parse. A client that set the key itself keeps its own value (the
+caller skips the splice; a later duplicate key would win in llama-server's parser anyway).
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ llama-server's Responses stream lacks `sequence_number` on every event, `output_
 of `response.created`. The openai SDK's `responses.stream()` helper indexes its snapshot with
 them (it raises without), and the AI SDK's `@ai-sdk/openai` provider (opencode) validates them.
 
-Cost: each event is parsed and written back with orjson (one C call each way): on token deltas
-about as fast as splicing the fields in with Python byte operations, which was tried first, and
-simpler. Only the Responses API is touched (`[compat] responses_stream_indices`, on by default);
-the bytes of every other API pass unchanged.
+Cost: each event is parsed and written back with orjson (one C call each way): on token deltas about
+as fast as splicing the fields in with Python byte operations, and simpler. Only the Responses API
+is touched (`[compat] responses_stream_indices`, on by default); the bytes of every other API pass
+unchanged.
 """
 
 from __future__ import annotations

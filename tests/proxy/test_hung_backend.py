@@ -2,9 +2,9 @@
 hung backend is detected in 8-10 s and replaced within ~30 s.
 
 A simulated backend is frozen with SIGSTOP (it keeps its port and accepts connections, but never
-answers: a deadlock, a wedged GPU driver). The supervisor's health checks (/health) time out, the backend
-turns `unhealthy` once none has succeeded for `unhealthy_after_s`, and `replace_after_s` later
-it is killed (SIGKILL: SIGTERM would wait in vain) and a new process is started.
+answers: a deadlock, a wedged GPU driver). The supervisor's health checks (/health) time out, the
+backend turns `unhealthy` once none has succeeded for `unhealthy_after_s`, and `replace_after_s`
+later it is killed (SIGKILL: SIGTERM would wait in vain) and a new process is started.
 """
 
 from __future__ import annotations

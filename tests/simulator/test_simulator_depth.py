@@ -1,7 +1,7 @@
 """The per-request draft depth ("speculative.n_max") on the real simulator process, over HTTP.
 
-The contract (patches/llama.cpp/README.md): a flat top-level integer key on chat, completions, /completion,
-responses and messages; 0 = no drafting, above the start-up depth clamped, negative or
+The contract (patches/llama.cpp/README.md): a flat top-level integer key on chat, completions,
+/completion, responses and messages; 0 = no drafting, above the start-up depth clamped, negative or
 non-integer a 400 (the schema's message), a nested {"speculative": {...}} ignored; with
 --ignore-request-draft the key has no effect at all, as on stock llama-server.
 """
@@ -226,7 +226,8 @@ async def test_depth_0_in_an_mtp_process_pays_a_few_percent(http: aiohttp.Client
         _, mtp_out = await post(http, mtp.url + "/v1/chat/completions", depth0)
         _, off_out = await post(http, off.url + "/v1/chat/completions", {**fresh, "max_tokens": 4})
     assert acceptance == 0.0 and "draft_n" not in mtp_out["timings"]
-    # the MTP head's catch-up pass and recurrent snapshots: "a few %" of decode (MODEL.md)
+    # the MTP head's catch-up pass and recurrent snapshots: "a few %" of decode
+    # (docs/published-figures.md#hybrid-models)
     assert 1.01 <= plain / in_mtp <= 1.10, plain / in_mtp
     # and its prompt processing, as every request of an MTP process
     assert mtp_out["timings"]["prompt_ms"] > off_out["timings"]["prompt_ms"] * 1.05
