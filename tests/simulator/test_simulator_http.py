@@ -464,6 +464,7 @@ async def mean_speed(http: aiohttp.ClientSession, sim: Sim, n: int) -> tuple[flo
 
 
 async def test_setup_b_greeting_speedup_over_http(http: aiohttp.ClientSession) -> None:
+    # Published: off 38.86 tok/s, n_max 3 1.71x on greetings (docs/published-figures.md#setup-b).
     common = ("--preset", "setup-b", "--time-scale", "400", "--latent-sigma", "0")
     with simulator(*common) as off, simulator(*common, *MAX3) as on:
         off_speed, _ = await mean_speed(http, off, 8)

@@ -40,9 +40,9 @@ from tests.support.tune_helpers import (
     write_config,
 )
 
-# The published Setup B runs varied n_max (n_max 3 best on short chat: 1.71x). n_max 2 / n_min 1
-# is within ~3.5 % of n_max 3 there in the model, inside one request's sampling noise: it is
-# measured in the Setup A test, whose table it comes from.
+# The published Setup B runs (docs/published-figures.md#setup-b) varied n_max (n_max 3 best on short
+# chat: 1.71x). n_max 2 / n_min 1 is within ~3.5 % of n_max 3 there in the model, inside one
+# request's sampling noise: it is measured in the Setup A test, whose table it comes from.
 SETUP_B_GRID = "off,1,2,3"
 SETUP_A_GRID = "off,1,2,2/1,2/2"  # the five rows of the published Setup A table
 SHORT_CHAT = "<4k/prose"  # the greeting's class
@@ -197,7 +197,8 @@ def test_seeded_state_changes_the_first_decision(
 
 
 def test_setup_a_n_max_2_n_min_1_best_and_n_max_1_below_off_at_65k_code(tmp_path: Path) -> None:
-    """The published Setup A table: code at a 65,536-token context, 512 tokens out."""
+    """The published Setup A table (docs/published-figures.md#setup-a): code at a 65,536-token
+    context, 512 tokens out."""
     rng = random.Random(3)
     trace = tmp_path / "long-code.jsonl"
     with trace.open("w") as f:
