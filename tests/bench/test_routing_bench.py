@@ -14,21 +14,14 @@ import tomli_w
 from bench import trace_gen
 from bench.routing import load_trace, trace_names
 from bench.routing_reference import HindsightPin, hindsight, load_level
-from bench.routing_replay import Outcome
+from bench.routing_replay import Outcome, sessions_of
 from bench.routing_report import PolicyRun, mean_report, mean_table, ratios
 from bench.routing_topology import BenchConfig, proxy_config
-from bench.routing_trace import (
-    PATHS,
-    TraceError,
-    dump_lines,
-    parse_line,
-    read_trace,
-    sessions_of,
-    write_trace,
-)
 from proxy.config.settings import load_settings
+from proxy.tune.trace import PATHS, TraceError, dump_lines, parse_line, read_trace, write_trace
 from simulator import prompts
 
+CHECKOUT = Path(__file__).resolve().parents[2]  # bench/ runs from a checkout (not in the wheel)
 SMOKE_POLICIES = (
     "static:off",
     "static:min",
@@ -289,7 +282,7 @@ def test_benchmark_smoke_run(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "bench.routing", "--trace", str(path), "--preset", "setup-b"]
     argv += ["--time-scale", "200", "--json", "--policies", ",".join(SMOKE_POLICIES)]
     argv += ["--topology", SMOKE_TOPOLOGY]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=CHECKOUT)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert (report["requests"], report["topology"]) == (len(trace), SMOKE_TOPOLOGY)
@@ -413,7 +406,7 @@ def test_benchmark_runs_several_traces_and_reports_the_mean(tmp_path: Path) -> N
     argv = [sys.executable, "-m", "bench.routing", "--trace", ",".join(paths), "--repeat", "2"]
     argv += ["--preset", "setup-b", "--time-scale", "200", "--json"]
     argv += ["--policies", "static:off,adaptive"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=CHECKOUT)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert list(report["traces"]) == paths

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import routing_text
 from proxy.cli import main as cli_main
 from proxy.config.routing import RoutingSettings
 from proxy.config.settings import Settings
 from proxy.routing.stats import LearnedStats
+from proxy.tune import texts
 from proxy.tune.workload import builtin_workload
 from tests.support.harness import proxy_config, running_proxy, simulator_model, wait_all_ready
 from tests.support.tune_helpers import (
@@ -202,7 +202,7 @@ def test_setup_a_n_max_2_n_min_1_best_and_n_max_1_below_off_at_65k_code(tmp_path
     trace = tmp_path / "long-code.jsonl"
     with trace.open("w") as f:
         for _n in range(2):
-            code = routing_text.code_file(rng, int(66_500 * 3.3))
+            code = texts.code_file(rng, int(66_500 * 3.3))
             body = {
                 "model": "x",
                 "messages": [{"role": "user", "content": f"```python\n{code}```\nFix the bug."}],
