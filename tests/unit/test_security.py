@@ -3,7 +3,6 @@ tests/proxy/test_security.py)."""
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from proxy.serving.middlewares import key_matches
@@ -17,14 +16,14 @@ def test_key_comparison_takes_the_same_time_wherever_the_keys_differ() -> None:
     late = key[:-1] + "x"  # differs at the last byte
 
     def timing(presented: str) -> float:
-        samples = []
-        for _ in range(15):
-            started = time.perf_counter()
-            key_matches(presented, [key, key])
-            samples.append(time.perf_counter() - started)
-        return statistics.median(samples)
+        started = time.perf_counter()
+        key_matches(presented, [key, key])
+        return time.perf_counter() - started
 
     timing(early)  # warm up
-    ratio = timing(late) / timing(early)
+    # Interleaved, and the fastest of each: other processes' load only ever adds time, and a
+    # busy spell falls on both alike.
+    pairs = [(timing(early), timing(late)) for _ in range(25)]
+    ratio = min(late for _, late in pairs) / min(early for early, _ in pairs)
     assert 0.5 < ratio < 2.0, f"late/early mismatch time ratio {ratio:.2f}"
     assert key_matches(key, ["other", key]) and not key_matches(late, [key])
