@@ -43,11 +43,14 @@ from typing import Any
 import aiohttp
 
 from bench.routing_report import PolicyRun
-from bench.routing_trace import API_OF_PATH, TraceRequest
+from proxy.tune.measure import API_OF_PATH
+from proxy.tune.trace import TraceRequest
 
 MIN_CELL_REQUESTS = 3  # a cell leaves the best overall setting only on this many requests ...
 MIN_CELL_GAIN = 0.03  # ... and by this much goodput in that cell
 LOAD_LEVELS = (1, 2, 4)  # 1, 2-3, 4+: the levels the proxy's statistics are keyed by by default
+SIM_API = {path: "completion" if api == "completions" else api for path, api in API_OF_PATH.items()}
+"""The simulator's name of each path's API (its /sim/predict takes it as "api")."""
 
 
 def load_level(load: int) -> str:
@@ -153,7 +156,7 @@ class GreedyPin:
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120))
         http = self._http
-        body = {**r.body, "api": API_OF_PATH[r.path]}
+        body = {**r.body, "api": SIM_API[r.path]}
         headers = {"Content-Type": "application/json"}
 
         async def predict(profile: str) -> float:

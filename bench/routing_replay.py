@@ -15,15 +15,23 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
 
-from bench.routing_trace import TraceRequest, sessions_of
+from proxy.tune.trace import TraceRequest
 
 Progress = Callable[[int, int], None]
+
+
+def sessions_of(requests: Iterable[TraceRequest]) -> dict[str | None, list[TraceRequest]]:
+    """Requests grouped by session (None: the one-shot requests), each group in trace order."""
+    groups: dict[str | None, list[TraceRequest]] = {}
+    for r in requests:
+        groups.setdefault(r.session, []).append(r)
+    return groups
 
 
 class Pinner(Protocol):

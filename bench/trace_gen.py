@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import routing_text as text
-from bench.routing_trace import TraceRequest, write_trace
+from proxy.tune import texts as text
+from proxy.tune.trace import TraceRequest, write_trace
 
 MODEL = "mtp-demo"
 DEFAULT_SEED = 7

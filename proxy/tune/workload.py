@@ -1,4 +1,4 @@
-"""What tune replays: the built-in workload or a trace file (the format of ``bench.routing``).
+"""What tune replays: the built-in workload or a trace file (``proxy.tune.trace``).
 
 The built-in workload covers what the published runs measured: a greeting, "write a simple
 game in Python", and code and prose at growing context lengths (one per context bucket of the
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import routing_text
-from bench.routing_trace import TraceError, read_trace
 from proxy.routing.classes import bucket_labels
+from proxy.tune import texts
+from proxy.tune.trace import TraceError, read_trace
 
 CHAT = "/v1/chat/completions"
 OUTPUT_CAP = 512
@@ -83,10 +83,10 @@ def builtin_workload(n_ctx: int, buckets: list[int], model: str) -> Workload:
     ]
     rng = random.Random(_SEED)
     for tokens in context_targets(n_ctx, buckets, 512):
-        code = routing_text.code_file(rng, int(tokens * _CHARS_PER_TOKEN["code"]))
+        code = texts.code_file(rng, int(tokens * _CHARS_PER_TOKEN["code"]))
         ask = "Review this module: explain what it does and fix the bug in it."
         items.append(_chat(f"code-{tokens}", model, f"```python\n{code}```\n\n{ask}", 512))
-        report = routing_text.prose(rng, int(tokens * _CHARS_PER_TOKEN["prose"]))
+        report = texts.prose(rng, int(tokens * _CHARS_PER_TOKEN["prose"]))
         ask = "Summarize the main points of this report in a few paragraphs."
         items.append(_chat(f"prose-{tokens}", model, f"Report\n\n{report}\n\n{ask}", 256))
     return Workload("builtin", tuple(items))
@@ -113,7 +113,7 @@ def context_targets(n_ctx: int, buckets: list[int], output: int) -> list[int]:
 
 
 def file_workload(path: Path, model: str) -> Workload:
-    """A trace file of ``bench.routing``; every request's model is set to ``model``."""
+    """A trace file (``proxy.tune.trace``); every request's model is set to ``model``."""
     try:
         trace = read_trace(path)
     except OSError as exc:

@@ -18,9 +18,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.llama.test_llama_depth_field import expected_drafts
 from tests.support.harness import ADMIN_KEY, ProxyProcess, running_proxy, wait_all_ready
-from tests.support.llama_fixtures import patched_llama_server_binary
+from tests.support.llama_fixtures import expected_drafts, patched_llama_server_binary
 from tests.support.llama_pool import MODEL, identity_model, llama_config, llama_model
 
 pytestmark = pytest.mark.llama

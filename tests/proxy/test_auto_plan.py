@@ -22,7 +22,7 @@ import pytest
 
 from bench.processes import spawn_proxy, wait_listening
 from supervisor.memory import GIB
-from tests.proxy.test_preflight import fake_nvidia_smi, sparse
+from tests.support.fake_gpu import fake_nvidia_smi, sparse
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,

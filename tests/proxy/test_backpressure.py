@@ -20,6 +20,7 @@ import pytest
 
 from bench.load import paced_preset, simulator_args
 from tests.support.harness import ADMIN_KEY, ProxyProcess, proxy_config, running_proxy
+from tests.support.traffic import watch_in_flight
 
 TOK_S = 50.0
 MAX_QUEUE = 4
@@ -105,18 +106,6 @@ def assert_served_or_refused(outcome: Outcome, *, stream: bool) -> None:
         assert error["type"] == "error" and error["error"]["type"] == "rate_limit_error"
     else:
         assert error["error"]["type"] == "rate_limit_error" and error["error"]["message"]
-
-
-async def watch_in_flight(proxy: ProxyProcess, seen: dict[str, int], stop: asyncio.Event) -> None:
-    """Record the most requests the proxy ever had on each backend at once."""
-    while not stop.is_set():
-        status, body = await asyncio.to_thread(
-            proxy.get_json, "/admin/backends", admin_key=ADMIN_KEY
-        )
-        assert status == 200
-        for row in body["backends"]:
-            seen[row["name"]] = max(seen.get(row["name"], 0), row["in_flight"])
-        await asyncio.sleep(0.05)
 
 
 def queued_gauge(proxy: ProxyProcess, model: str) -> float:

@@ -21,8 +21,6 @@ import anthropic
 import openai
 import pytest
 
-from proxy.config.settings import ModelSettings
-from proxy.serving.model_names import ModelCatalog, ModelNameSettings
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,
@@ -219,23 +217,6 @@ def test_a_deeply_nested_model_name_is_a_404_not_a_500(proxy: ProxyProcess) -> N
         error = json.loads(raw)["error"]
         assert status == 404 and error["code"] == "model_not_found", (path, raw[:200])
         assert error["message"] == "model of type list does not exist"
-
-
-def test_catalog_resolution_order() -> None:
-    models = [
-        ModelSettings(name="a", aliases=["a-alias"], backend="simulator", profiles=[{"name": "p"}]),
-        ModelSettings(name="b", backend="simulator", profiles=[{"name": "p"}]),
-    ]
-    names = ModelNameSettings(default="b", patterns={"claude-*": "a", "claude-haiku-*": "b"})
-    catalog = ModelCatalog(models, names)
-    assert catalog.resolve("a-alias") == "a"
-    assert catalog.resolve("claude-haiku-4-5") == "a"  # first matching pattern wins
-    assert catalog.resolve("gpt-5") == "b"  # the default
-    assert catalog.resolve(None) == "b"
-    assert catalog.resolve(42) is None
-    strict = ModelCatalog(models, ModelNameSettings(patterns={"claude-*": "a"}))
-    assert (strict.resolve("gpt-5"), strict.resolve(None)) == (None, None)  # two models, no default
-    assert ModelCatalog(models[:1]).resolve(None) == "a"  # the only model
 
 
 # --- unprefixed generation routes -------------------------------------------------------------

@@ -17,11 +17,8 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
-from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.app import create_app
-from proxy.config.settings import load_settings
 from proxy.routing.policy import Reason
 from proxy.serving.connections import CLOSE_CAUSES
 from supervisor.draft_probe import DraftControl
@@ -374,16 +371,3 @@ def test_a_later_request_moves_only_its_own_series(run: Run) -> None:
     assert after.total("mtp_proxy_draft_tokens_total", profile="max") == (
         before.total("mtp_proxy_draft_tokens_total", profile="max") + answer.draft_n
     )
-
-
-def test_each_app_registers_on_the_registry_it_is_given() -> None:
-    # No global registry: two apps in one process (as in tests) each own their series.
-    settings = load_settings(None)
-    first, second = CollectorRegistry(), CollectorRegistry()
-    create_app(settings, registry=first)
-    create_app(settings, registry=second)
-    for registry in (first, second):
-        names = {family.name for family in registry.collect()}
-        assert {"mtp_proxy_requests", "mtp_proxy_backend_state"} <= names
-    with pytest.raises(ValueError, match="Duplicated timeseries"):
-        create_app(settings, registry=first)

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,6 @@ import openai
 import pytest
 
 from proxy.config.settings import ServerSettings, load_settings
-from proxy.serving.middlewares import key_matches
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,
@@ -148,27 +145,6 @@ async def test_models_need_a_key_but_probes_do_not(locked: ProxyProcess) -> None
         for path in ("/health", "/metrics"):
             async with session.get(locked.url + path) as response:
                 assert response.status == 200
-
-
-def test_key_comparison_takes_the_same_time_wherever_the_keys_differ() -> None:
-    """`==` stops at the first differing byte; a constant-time compare does not. With 1 MB keys
-    the difference is ~1000x for `==`, so a 2x bound needs no quiet machine."""
-    key = "k" * 1_000_000
-    early = "x" + key[1:]  # differs at the first byte
-    late = key[:-1] + "x"  # differs at the last byte
-
-    def timing(presented: str) -> float:
-        samples = []
-        for _ in range(15):
-            started = time.perf_counter()
-            key_matches(presented, [key, key])
-            samples.append(time.perf_counter() - started)
-        return statistics.median(samples)
-
-    timing(early)  # warm up
-    ratio = timing(late) / timing(early)
-    assert 0.5 < ratio < 2.0, f"late/early mismatch time ratio {ratio:.2f}"
-    assert key_matches(key, ["other", key]) and not key_matches(late, [key])
 
 
 # --- admin -------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ import aiohttp
 import pytest
 
 from bench.load import paced_preset, simulator_args
-from tests.proxy.test_backpressure import watch_in_flight
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,
@@ -22,6 +21,7 @@ from tests.support.harness import (
     simulator_model,
     wait_all_ready,
 )
+from tests.support.traffic import watch_in_flight
 
 MAX_QUEUE = 2
 MAX_SESSIONS = 50

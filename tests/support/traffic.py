@@ -4,6 +4,7 @@ the log and `mtp-proxy status` say afterwards."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.error
@@ -153,3 +154,15 @@ def standard_mix(url: str, *, headers: Mapping[str, str] | None = None) -> list[
     sent.append(send(url, "chat", missing, headers=headers))
     sent.append(send(url, "chat", None, raw=b"[1, 2, 3]", headers=headers))
     return sent
+
+
+async def watch_in_flight(proxy: ProxyProcess, seen: dict[str, int], stop: asyncio.Event) -> None:
+    """Record the most requests the proxy ever had on each backend at once."""
+    while not stop.is_set():
+        status, body = await asyncio.to_thread(
+            proxy.get_json, "/admin/backends", admin_key=ADMIN_KEY
+        )
+        assert status == 200
+        for row in body["backends"]:
+            seen[row["name"]] = max(seen.get(row["name"], 0), row["in_flight"])
+        await asyncio.sleep(0.05)

@@ -22,11 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import routing_text
-from proxy.cli import main as cli_main
 from proxy.config.routing import RoutingSettings
 from proxy.config.settings import Settings
 from proxy.routing.stats import LearnedStats
+from proxy.tune import texts
 from proxy.tune.workload import builtin_workload
 from tests.support.harness import proxy_config, running_proxy, simulator_model, wait_all_ready
 from tests.support.tune_helpers import (
@@ -203,7 +202,7 @@ def test_setup_a_n_max_2_n_min_1_best_and_n_max_1_below_off_at_65k_code(tmp_path
     trace = tmp_path / "long-code.jsonl"
     with trace.open("w") as f:
         for _n in range(2):
-            code = routing_text.code_file(rng, int(66_500 * 3.3))
+            code = texts.code_file(rng, int(66_500 * 3.3))
             body = {
                 "model": "x",
                 "messages": [{"role": "user", "content": f"```python\n{code}```\nFix the bug."}],
@@ -286,47 +285,6 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     except OSError:
         return True
-
-
-def _tune_in_process(
-    capsys: pytest.CaptureFixture[str], config: Path, out: Path, *args: str
-) -> tuple[int, str]:
-    """The command's own entry point (these cases stop before any process is started)."""
-    code = cli_main(["tune", "--config", str(config), "--out", str(out), *args])
-    return code, capsys.readouterr().err
-
-
-def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = write_config(tmp_path, sim_config("setup-b", 8192))
-    out = tmp_path / "out"
-    bad_trace = tmp_path / "bad.jsonl"
-    bad_trace.write_text('{"at": 0, "path": "/v1/nope", "body": {}}\n')
-    cases = [
-        (("--settings", "off,5/7"), "n_min must not exceed n_max"),
-        (("--settings", "fast"), "expected off or N[/M][@P]"),
-        (("--model", "nope"), "no model 'nope'"),
-        (("--workload", str(tmp_path / "missing.jsonl")), "cannot read"),
-        (("--workload", str(bad_trace)), "line 1: 'path' must be one of"),
-        (("--repeats", "0"), "--repeats must be at least 1"),
-    ]
-    for args, message in cases:
-        code, err = _tune_in_process(capsys, config, out, *args)
-        assert code == 2, (args, err)
-        assert message in err, (args, err)
-    code, err = _tune_in_process(capsys, tmp_path / "missing.toml", out)
-    assert code == 2 and "file not found" in err, err
-
-
-def test_results_of_another_workload_are_not_mixed(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "run.json").write_text(json.dumps({"model": "mtp-demo", "workload": "0123"}))
-    config = write_config(tmp_path, sim_config("setup-b", 8192))
-    code, err = _tune_in_process(capsys, config, out, "--settings", "off")
-    assert code == 2
-    assert "holds results of another workload" in err
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from proxy.routing.depth import DepthDecision, Replica, decide_depth
 from proxy.routing.features import ContentKind
 from proxy.routing.stats import LearnedStats
 from proxy.routing.telemetry import Observation
-from tests.unit.test_policy import Draws, feat
+from tests.support.routing_inputs import Draws, feat
 
 S = RoutingSettings()
 NO_EXPLORE = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0)

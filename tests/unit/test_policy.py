@@ -14,32 +14,10 @@ from proxy.routing.features import ContentKind, RequestFeatures
 from proxy.routing.policy import Candidate, Decision, decide
 from proxy.routing.stats import LearnedStats
 from proxy.routing.telemetry import Observation
+from tests.support.routing_inputs import Draws, feat
 
 S = RoutingSettings()
 NO_EXPLORE = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0)
-
-
-def feat(
-    tokens: int = 500,
-    kind: ContentKind = "prose",
-    *,
-    agentic: bool = False,
-    pin: str | None = None,
-    max_tokens: int | None = None,
-) -> RequestFeatures:
-    return RequestFeatures(
-        api="chat",
-        model="mtp-demo",
-        prompt_chars=int(tokens * 3.5),
-        est_prompt_tokens=tokens,
-        kind=kind,
-        max_tokens=max_tokens,
-        stream=True,
-        session_key="s1",
-        has_tools=agentic,
-        pinned_profile=pin,
-        agentic=agentic,
-    )
 
 
 def pool(
@@ -87,17 +65,6 @@ def train(
             source="timings",
         )
         stats.observe(cls, profile, obs, load=load)
-
-
-class Draws(random.Random):
-    """random() returns fixed values in turn (exploration gate); gauss stays seeded."""
-
-    def __init__(self, *values: float) -> None:
-        super().__init__(0)
-        self._values = list(values)
-
-    def random(self) -> float:
-        return self._values.pop(0) if self._values else 0.99
 
 
 def run(

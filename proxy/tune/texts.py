@@ -1,4 +1,6 @@
-"""Text for generated traces: source files, prose documents, tool output, chat questions.
+"""Generated text for workloads: source files, prose documents, tool output, chat questions.
+
+tune's built-in workload is made of it, and so are the routing benchmark's traces.
 
 Deterministic for a given ``random.Random``. Prose avoids the markers the simulator counts as
 code (``class ``, ``import ``, ``return `` ...), so a document is prose to both the proxy and the

@@ -1,12 +1,13 @@
-"""The routing benchmark's trace format: JSON Lines, one request per line.
+"""The trace format: a workload file of requests, JSON Lines, one request per line.
 
     {"at": <seconds since start>, "session": <string or null>,
      "path": "/v1/chat/completions" | "/v1/completions" | "/v1/responses" | "/v1/messages",
      "body": {<the request body, as a client sends it>}}
 
-``at`` is in trace (simulated) seconds: the benchmark divides it by the simulator's time scale.
-Turns of one session are sent in order, each no earlier than its ``at`` and after the previous
-turn finished; requests without a session are sent at their ``at``.
+``mtp-proxy tune --workload FILE`` replays such a file, and so does the routing benchmark of the
+repository. ``at`` is in trace seconds (the benchmark scales it to the simulator's clock). Turns
+of one session are sent in order, each no earlier than its ``at`` and after the previous turn
+finished; requests without a session are sent at their ``at``.
 """
 
 from __future__ import annotations
@@ -17,14 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
-API_OF_PATH = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completion",
-    "/v1/responses": "responses",
-    "/v1/messages": "messages",
-}
-"""The simulator's name of each API (its /sim/predict takes it as "api")."""
+from proxy.tune.measure import API_OF_PATH
+
+PATHS = tuple(API_OF_PATH)
+"""The paths a trace request may take: the four generation APIs' /v1 paths."""
 
 
 class TraceError(ValueError):
@@ -82,11 +79,3 @@ def write_trace(path: Path, requests: Iterable[TraceRequest]) -> int:
 def dump_lines(requests: Iterable[TraceRequest]) -> Iterator[str]:
     for r in requests:
         yield json.dumps(r.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n"
-
-
-def sessions_of(requests: Iterable[TraceRequest]) -> dict[str | None, list[TraceRequest]]:
-    """Requests grouped by session (None: the one-shot requests), each group in trace order."""
-    groups: dict[str | None, list[TraceRequest]] = {}
-    for r in requests:
-        groups.setdefault(r.session, []).append(r)
-    return groups
