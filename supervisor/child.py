@@ -17,7 +17,8 @@ import aiohttp
 import structlog
 
 from supervisor.backend import Backend, InFlight, OnChange
-from supervisor.draft_probe import DraftControl, probe_draft_control, speculation_in
+from supervisor.draft_probe import DraftControl, probe_draft_control
+from supervisor.flags import speculation_in
 from supervisor.health import check_health
 from supervisor.process import ChildProcess, describe_exit, free_loopback_port
 from supervisor.settings import SupervisorSettings

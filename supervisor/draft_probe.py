@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,7 +27,6 @@ _PATH = "/v1/completions"
 _MAX_TOKENS = 8
 # Two prompts, so the second answer cannot be a replay of the first from the prompt cache.
 _PROMPTS = ("The quick brown fox", "Once upon a time")
-_OFF_TYPES = frozenset({"none"})
 
 
 @dataclass(frozen=True)
@@ -41,17 +39,6 @@ class DraftProbe:
 
 class _ProbeFailed(Exception):
     """The backend did not answer the probe usefully; the message says how."""
-
-
-def speculation_in(argv: Sequence[str]) -> bool:
-    """Whether a backend's command line starts speculation (a --spec-type other than none)."""
-    spec_type: str | None = None
-    for i, arg in enumerate(argv):
-        if arg == "--spec-type" and i + 1 < len(argv):
-            spec_type = argv[i + 1]
-        elif arg.startswith("--spec-type="):
-            spec_type = arg.split("=", 1)[1]
-    return spec_type is not None and spec_type not in _OFF_TYPES
 
 
 async def probe_draft_control(

@@ -25,6 +25,7 @@ from structlog.typing import FilteringBoundLogger
 
 from proxy.config.settings import DEFAULT_DRAFT_N_MAX, ModelSettings, ProfileSettings, Settings
 from proxy.plans.plan import ModelPlan, plans_of, processes
+from supervisor.flags import CACHE_TYPE_K, CACHE_TYPE_V, CTX_SIZE, GPU_LAYERS, flag_value
 from supervisor.memory import (
     DRAFT_HEADROOM_BYTES,
     GIB,
@@ -166,7 +167,7 @@ def _estimate(
     if profile.url is not None or model.model_path is None:
         return None
     args = [*model.args, *profile.args]
-    if _flag(args, "-ngl", "--gpu-layers", "--n-gpu-layers") == "0" or _gpus_hidden(profile.env):
+    if flag_value(args, GPU_LAYERS) == "0" or _gpus_hidden(profile.env):
         return None  # runs on the CPU
     size = _file_size(model.model_path)
     if size is None:
@@ -192,18 +193,8 @@ def _estimate(
     return BackendNeed(name, need, detail, _devices(profile.env))
 
 
-def _flag(args: Sequence[str], *names: str) -> str | None:
-    """The value of the last occurrence of a flag (llama-server lets the last one win)."""
-    value = None
-    for i, arg in enumerate(args):
-        flag, eq, inline = arg.partition("=")
-        if flag in names:
-            value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
-    return value
-
-
 def _context(args: Sequence[str], env: Mapping[str, str]) -> tuple[int, str]:
-    raw = _flag(args, "-c", "--ctx-size") or env.get("LLAMA_ARG_CTX_SIZE")
+    raw = flag_value(args, CTX_SIZE) or env.get("LLAMA_ARG_CTX_SIZE")
     n_ctx = int(raw) if raw is not None and raw.isdigit() else 0
     if n_ctx > 0:
         return n_ctx, f"ctx {n_ctx}"
@@ -229,8 +220,8 @@ def _devices(env: Mapping[str, str]) -> tuple[int, ...] | None:
 
 
 def _kv_bytes(args: Sequence[str]) -> float:
-    k = _flag(args, "-ctk", "--cache-type-k") or "f16"
-    v = _flag(args, "-ctv", "--cache-type-v") or "f16"
+    k = flag_value(args, CACHE_TYPE_K) or "f16"
+    v = flag_value(args, CACHE_TYPE_V) or "f16"
     return (_KV_TYPE_BYTES.get(k, _F16) + _KV_TYPE_BYTES.get(v, _F16)) / 2
 
 

@@ -17,7 +17,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from supervisor import Backend, BackendSpec, BackendState, Supervisor, SupervisorSettings
-from supervisor.draft_probe import DraftProbe, probe_draft_control, speculation_in
+from supervisor.draft_probe import DraftProbe, probe_draft_control
+from supervisor.flags import speculation_in
 from tests.support.llama_fixtures import (
     QWEN35_MTP_IDENTITY,
     llama_server_binary,
