@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from proxy.config.routing import RoutingSettings
 from proxy.serving.model_names import ModelNameSettings
+from supervisor.flags import PARALLEL, positive_int
 from supervisor.settings import SupervisorSettings
 from supervisor.spec import DraftSpec
 
@@ -190,13 +191,7 @@ class ModelSettings(BaseModel):
         """Requests one backend serves at once: `slots`, else its -np/--parallel, else 4."""
         if self.slots is not None:
             return self.slots
-        args = [*self.args, *profile.args]
-        for flag in ("-np", "--parallel"):
-            if flag in args[:-1]:
-                value = args[args.index(flag) + 1]
-                if value.isdigit() and int(value) > 0:
-                    return int(value)
-        return _LLAMA_SERVER_DEFAULT_SLOTS
+        return positive_int([*self.args, *profile.args], PARALLEL) or _LLAMA_SERVER_DEFAULT_SLOTS
 
 
 class ServerSettings(BaseModel):

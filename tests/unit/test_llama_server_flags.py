@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.config.settings import ModelSettings
 from supervisor.flags import (
     CTX_SIZE,
     PARALLEL,
@@ -93,3 +94,31 @@ def test_speculation_in_reads_the_last_spec_type() -> None:
 def test_supervisor_flag_in_names_the_first_host_or_port_argument() -> None:
     assert supervisor_flag_in(["-m", "x", "--port=8080", "--host", "h"]) == "--port=8080"
     assert supervisor_flag_in(["-m", "x", "--hostname", "h"]) is None
+
+
+def _model(args: list[str], profile_args: list[str] | None = None, **fields: object) -> ModelSettings:
+    profile = {"name": "p", "args": profile_args or []}
+    return ModelSettings(
+        **{"name": "m", "backend": "simulator", "args": args, "profiles": [profile], **fields}
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "profile_args", "slots"),
+    [
+        (["--parallel=3"], [], 3),  # read since flags.py: slots_of used to see 4 here
+        (["-np", "2", "--parallel", "6"], [], 6),  # and 2 here (the first -np)
+        (["-np", "2"], ["-np", "5"], 5),  # a profile's own args come last: they win
+        ([], [], 4),  # llama-server's default
+    ],
+)
+def test_slots_of_reads_the_flags_like_llama_server(
+    args: list[str], profile_args: list[str], slots: int
+) -> None:
+    model = _model(args, profile_args)
+    assert model.slots_of(model.profiles[0]) == slots
+
+
+def test_configured_slots_win_over_the_flags() -> None:
+    model = _model(["-np", "2"], slots=7)
+    assert model.slots_of(model.profiles[0]) == 7
