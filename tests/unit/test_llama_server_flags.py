@@ -96,7 +96,9 @@ def test_supervisor_flag_in_names_the_first_host_or_port_argument() -> None:
     assert supervisor_flag_in(["-m", "x", "--hostname", "h"]) is None
 
 
-def _model(args: list[str], profile_args: list[str] | None = None, **fields: object) -> ModelSettings:
+def _model(
+    args: list[str], profile_args: list[str] | None = None, **fields: object
+) -> ModelSettings:
     profile = {"name": "p", "args": profile_args or []}
     return ModelSettings(
         **{"name": "m", "backend": "simulator", "args": args, "profiles": [profile], **fields}
