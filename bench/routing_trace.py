@@ -17,13 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from proxy import apis
+
 PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
-API_OF_PATH = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completion",
-    "/v1/responses": "responses",
-    "/v1/messages": "messages",
-}
+
+
+def _simulator_api(path: str) -> str:
+    api = apis.API_OF_PATH[path]
+    return "completion" if api == "completions" else api  # the simulator's spelling
+
+
+API_OF_PATH = {path: _simulator_api(path) for path in PATHS}
 """The simulator's name of each API (its /sim/predict takes it as "api")."""
 
 

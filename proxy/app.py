@@ -20,6 +20,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from proxy.apis import API_OF_PATH
 from proxy.config.routing import RoutingSettings
 from proxy.config.settings import Settings
 from proxy.ops import admin, sdnotify
@@ -107,7 +108,7 @@ def _load_stats(settings: RoutingSettings) -> LearnedStats:
 
 
 def _add_routes(app: web.Application) -> None:
-    for path, api in handlers.API_PATHS.items():
+    for path, api in API_OF_PATH.items():
         app.router.add_post(path, handlers.generation_handler(api))
     app.router.add_get("/v1/models", handlers.list_models)
     app.router.add_get("/models", handlers.list_models)

@@ -21,7 +21,7 @@ import aiohttp
 
 DraftControl = Literal["per-request", "ignored", "none"]
 
-DEPTH_FIELD = "speculative.n_max"  # the flat top-level key, as llama-server's schema names it
+DEPTH_KEY = "speculative.n_max"  # the flat top-level key, as llama-server's schema names it
 _PATH = "/v1/completions"
 # A few tokens are enough: the first draft comes right after the first sampled token.
 _MAX_TOKENS = 8
@@ -68,8 +68,8 @@ async def probe_draft_control(
     except _ProbeFailed as exc:
         return result("ignored", f"probe failed: {exc}", True)
     if zero > 0:
-        return result("ignored", f"drafted {zero} tokens with {DEPTH_FIELD} 0 ({plain} without)")
-    return result("per-request", f"drafted {plain} tokens without {DEPTH_FIELD}, none with 0")
+        return result("ignored", f"drafted {zero} tokens with {DEPTH_KEY} 0 ({plain} without)")
+    return result("per-request", f"drafted {plain} tokens without {DEPTH_KEY}, none with 0")
 
 
 async def _drafted(
@@ -84,8 +84,8 @@ async def _drafted(
         "stream": False,
     }
     if depth is not None:
-        body[DEPTH_FIELD] = depth
-    what = f"{_PATH}" + ("" if depth is None else f" with {DEPTH_FIELD} {depth}")
+        body[DEPTH_KEY] = depth
+    what = f"{_PATH}" + ("" if depth is None else f" with {DEPTH_KEY} {depth}")
     try:
         async with session.post(base_url.rstrip("/") + _PATH, json=body) as response:
             text = await response.text(errors="replace")

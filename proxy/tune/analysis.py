@@ -19,12 +19,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.apis import API_OF_PATH
 from proxy.config.routing import RoutingSettings
 from proxy.routing.classes import RequestClass, classify
 from proxy.routing.features import RequestFeatures, extract_features
 from proxy.routing.stats import TokenCalibrator
 from proxy.tune.grid import DraftSetting
-from proxy.tune.measure import API_OF_PATH, Measurement
+from proxy.tune.measure import Measurement
 from proxy.tune.workload import Workload
 
 

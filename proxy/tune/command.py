@@ -13,12 +13,12 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from proxy.apis import API_OF_PATH
 from proxy.config.settings import ConfigError, ModelSettings, Settings, load_settings
 from proxy.routing.features import extract_features
 from proxy.tune import chart
 from proxy.tune.analysis import analyse
 from proxy.tune.grid import DEFAULT_SPEC_TYPE, DraftSetting, GridError, default_grid, parse_grid
-from proxy.tune.measure import API_OF_PATH
 from proxy.tune.outputs import (
     profiles_toml,
     render_table,

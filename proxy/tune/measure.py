@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 
+from proxy.apis import API_OF_PATH, DEPTH_KEY
 from proxy.routing.classes import RequestClass
-from proxy.routing.features import Api
 from proxy.routing.telemetry import (
     Observation,
     ParsedUsage,
@@ -25,14 +25,6 @@ from proxy.routing.telemetry import (
     parse_spec_counters,
 )
 
-DEPTH_FIELD = "speculative.n_max"
-"""The per-request draft depth (a flat top-level key; see HELPERS.md's contract)."""
-API_OF_PATH: dict[str, Api] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/responses": "responses",
-    "/v1/messages": "messages",
-}
 _UNCLASSIFIED = RequestClass("", "prose")  # the class is decided later, at analysis
 
 
@@ -125,7 +117,7 @@ async def measure(
     if api is None:
         raise MeasureError(f"unsupported path {path}")
     if depth is not None:
-        body = {**body, DEPTH_FIELD: depth}
+        body = {**body, DEPTH_KEY: depth}
     before = await _spec_counters(session, base_url) if api == "messages" else None
     sink = StreamTelemetry(api)
     sent = time.monotonic()
