@@ -16,13 +16,12 @@ import aiohttp
 
 from proxy.apis import API_OF_PATH, DEPTH_KEY
 from proxy.routing.classes import RequestClass
+from proxy.routing.spec_counters import read_spec_counters
 from proxy.routing.telemetry import (
     Observation,
     ParsedUsage,
-    SpecCounters,
     StreamTelemetry,
     make_observation,
-    parse_spec_counters,
 )
 
 _UNCLASSIFIED = RequestClass("", "prose")  # the class is decided later, at analysis
@@ -118,7 +117,7 @@ async def measure(
         raise MeasureError(f"unsupported path {path}")
     if depth is not None:
         body = {**body, DEPTH_KEY: depth}
-    before = await _spec_counters(session, base_url) if api == "messages" else None
+    before = await read_spec_counters(session, base_url) if api == "messages" else None
     sink = StreamTelemetry(api)
     sent = time.monotonic()
     async with session.post(base_url + path, json=body) as resp:
@@ -131,7 +130,7 @@ async def measure(
     usage = sink.result(done)
     delta = None
     if before is not None:
-        after = await _spec_counters(session, base_url)
+        after = await read_spec_counters(session, base_url)
         delta = after - before if after is not None else None
     if clock_scale != 1.0:  # clock readings of a time-compressed simulator, as the router does
         usage = _scaled(usage, clock_scale)
@@ -148,13 +147,6 @@ async def measure(
     if not obs.output_tokens:
         raise MeasureError(f"{path}: the answer reported no output tokens")
     return obs
-
-
-async def _spec_counters(session: aiohttp.ClientSession, base_url: str) -> SpecCounters | None:
-    async with session.get(base_url + "/metrics") as resp:
-        if resp.status != 200:
-            return None
-        return parse_spec_counters(await resp.text())
 
 
 def _scaled(usage: ParsedUsage, scale: float) -> ParsedUsage:
