@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
 from proxy.config.settings import load_settings
-from proxy.routing.policy import Reason
+from proxy.routing.choice import Reason
 from proxy.serving.connections import CLOSE_CAUSES
 from supervisor.draft_probe import DraftControl
 from supervisor.states import BackendState
