@@ -29,8 +29,9 @@ from proxy.ops.collectors import PoolCollector
 from proxy.ops.drain import REQUESTS, RequestCount, count_requests, drain
 from proxy.ops.metrics import ProxyMetrics
 from proxy.ops.reload import Reloader
-from proxy.plans.auto import apply_plans, on_ready, on_replaced
-from proxy.plans.plan import backend_slots, backend_specs, describe_plan, plans_of
+from proxy.plans.adopt import apply_plans, register_backends
+from proxy.plans.auto import on_ready, on_replaced
+from proxy.plans.plan import describe_plan, plans_of
 from proxy.routing.router import Router
 from proxy.routing.stats import LearnedStats, write_atomic
 from proxy.serving import handlers, passthrough
@@ -49,7 +50,6 @@ from proxy.serving.middlewares import auth_middleware, error_middleware
 from proxy.serving.model_names import ModelCatalog
 from proxy.state import STATE, ProxyState
 from supervisor.backend import Backend
-from supervisor.states import BackendState
 from supervisor.supervisor import Supervisor
 
 log = structlog.get_logger("proxy")
@@ -153,10 +153,7 @@ async def _backend_pool(app: web.Application) -> AsyncIterator[None]:
     for model in state.settings.models:
         for line in describe_plan(model, state.plans[model.name]):
             log.info("plan", model=model.name, line=line)
-    specs = backend_specs(state.settings, state.plans)
-    slots = backend_slots(state.settings, state.plans)
-    for spec in specs:
-        state.backends.update(spec, BackendState.STARTING, base_url=None, slots=slots[spec.name])
+    specs, _ = register_backends(state)
     supervisor = Supervisor(
         specs,
         state.settings.supervisor,
