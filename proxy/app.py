@@ -25,7 +25,7 @@ from proxy.config.routing import RoutingSettings
 from proxy.config.settings import Settings
 from proxy.ops import admin, sdnotify
 from proxy.ops.access_log import access_log_middleware
-from proxy.ops.collectors import PoolCollector
+from proxy.ops.collectors import BackendsCollector
 from proxy.ops.drain import REQUESTS, RequestCount, count_requests, drain
 from proxy.ops.metrics import ProxyMetrics
 from proxy.ops.reload import Reloader
@@ -91,11 +91,11 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
     app[CONNECTIONS] = ConnectionGuard(cap, server.header_timeout_s, registry)
     app[REQUESTS] = RequestCount()
     state.metrics.prime({m.name: [p.name for p in m.profiles] for m in settings.models})
-    registry.register(PoolCollector(state))
+    registry.register(BackendsCollector(state))
     _add_routes(app)
     app.cleanup_ctx.append(_connection_deadlines)
     app.cleanup_ctx.append(_upstream_session)
-    app.cleanup_ctx.append(_backend_pool)
+    app.cleanup_ctx.append(_supervised_backends)
     app.cleanup_ctx.append(_housekeeping)
     return app
 
@@ -113,7 +113,7 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", handlers.list_models)
     app.router.add_get("/models", handlers.list_models)
     app.router.add_get("/health", handlers.health)
-    app.router.add_get("/v1/health", handlers.health)  # llama-server's alias; the pool's health
+    app.router.add_get("/v1/health", handlers.health)  # llama-server's alias; the backends' health
     app.router.add_get("/metrics", handlers.metrics)
     passthrough.add_routes(app)
     admin.add_routes(app)
@@ -130,8 +130,8 @@ async def _connection_deadlines(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
-    # One pooled session for every backend: keep-alive connections, no per-host cap (the
-    # policy and the backends' slots bound concurrency, not the connector).
+    # One session for every backend: keep-alive connections, no per-host cap (the policy
+    # and the backends' slots bound concurrency, not the connector).
     connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
     # No cookie jar: a cookie one backend set must never ride along on other clients' requests.
     # Accept-Encoding is set per request (identity: the telemetry reads plain bytes); aiohttp
@@ -148,7 +148,7 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
         app[STATE].session = None
 
 
-async def _backend_pool(app: web.Application) -> AsyncIterator[None]:
+async def _supervised_backends(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     for model in state.settings.models:
         for line in describe_plan(model, state.plans[model.name]):
@@ -171,17 +171,17 @@ async def _backend_pool(app: web.Application) -> AsyncIterator[None]:
 
 
 def _track(state: ProxyState, changed: Backend) -> None:
-    """Mirror a backend's state into the pool the instant it changes."""
+    """Mirror a supervised backend's state into LiveBackends the instant it changes."""
     if state.supervisor is None:
         return
     # While a changed backend is replaced, two share its name; the supervisor's answer for the
     # name is the one that serves (the old one until the new one is ready).
     current = state.supervisor.backend(changed.name)
-    slot = state.backends.update(current.spec, current.state, current.base_url)
-    if slot.ready:
+    backend = state.backends.update(current.spec, current.state, current.base_url)
+    if backend.ready:
         on_ready(state, current)
         on_replaced(state, current)
-        state.admission.notify(slot.model, state.backends.free_slots(slot.model))
+        state.admission.notify(backend.model, state.backends.free_slots(backend.model))
     _notify_ready_once_serving(state)
 
 

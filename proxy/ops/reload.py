@@ -1,11 +1,11 @@
-"""SIGHUP: re-read the configuration file and apply its models to the running pool.
+"""SIGHUP: re-read the configuration file and apply its models to the running backends.
 
 Only the models (and so the backends) change at a reload: unchanged backends keep running, new
 ones start, removed ones drain and stop, and a changed one is replaced start-first, so a model
 never loses its last ready backend (`Supervisor.reload`). A FAILED backend is given another try.
 The listener, timeouts, supervisor timings and routing settings stay as the proxy started with
 them; a reload that changes them says so in the log. A configuration that does not validate is
-logged and ignored: the running pool stays as it is.
+logged and ignored: the running backends stay as they are.
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ class Reloader:
                 return False
             loaded = await asyncio.to_thread(_load, self._path)
             if isinstance(loaded, str):
-                log.error("reload_failed", path=str(self._path), error=loaded, kept="running pool")
+                log.error(
+                    "reload_failed", path=str(self._path), error=loaded, kept="running backends"
+                )
                 return False
             try:
                 await self._apply(loaded)
@@ -81,7 +83,7 @@ class Reloader:
         state = self._state
         supervisor = state.supervisor
         if supervisor is None:
-            log.warning("reload_skipped", reason="the backend pool is not running")
+            log.warning("reload_skipped", reason="the supervisor is not running")
             return
         _warn_fixed(state.settings, settings)
         sdnotify.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")

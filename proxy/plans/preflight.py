@@ -1,9 +1,9 @@
-"""Before the pool starts: will its llama-server processes fit in GPU memory?
+"""Before the backends start: will their llama-server processes fit in GPU memory?
 
 Each local llama-server backend loads its own copy of the weights, so a pool of three profiles
 needs three times the model plus each one's KV cache and draft buffers (supervisor.memory). When
-nvidia-smi answers, the needs are compared with the free memory and a pool that cannot fit is
-reported clearly: llama-server would start anyway, offload layers to the CPU and decode far
+nvidia-smi answers, the needs are compared with the free memory and backends that cannot fit
+are reported clearly: llama-server would start anyway, offload layers to the CPU and decode far
 slower. Only a warning: the estimate errs high and the operator may know better.
 
 Backends pinned to GPUs (CUDA_VISIBLE_DEVICES=1 in a profile's env, as in config.toml) are
@@ -29,7 +29,7 @@ from supervisor.flags import CACHE_TYPE_K, CACHE_TYPE_V, CTX_SIZE, GPU_LAYERS, f
 from supervisor.memory import (
     DRAFT_HEADROOM_BYTES,
     GIB,
-    check_pool_fits,
+    check_backends_fit,
     estimate_vram_bytes,
     query_free_gpu_bytes,
 )
@@ -69,7 +69,7 @@ class BackendNeed:
 class Preflight:
     needs: list[BackendNeed] = field(default_factory=list)
     free_per_gpu: list[int] | None = None  # None: no nvidia-smi (or it failed): not checked
-    warnings: list[str] = field(default_factory=list)  # the pool may not fit or cannot start
+    warnings: list[str] = field(default_factory=list)  # the backends may not fit or cannot start
 
     @property
     def total_bytes(self) -> int:
@@ -88,7 +88,7 @@ class Preflight:
             if self.free_per_gpu is None
             else f"free: {gib(sum(self.free_per_gpu))} on {len(self.free_per_gpu)} GPU(s)"
         )
-        return f"gpu memory: pool needs ~{gib(self.total_bytes)}, {free}"
+        return f"gpu memory: the backends need ~{gib(self.total_bytes)}, {free}"
 
 
 def run_preflight(
@@ -111,11 +111,12 @@ def run_preflight(
 
 
 def fit_warnings(needs: Sequence[BackendNeed], free_per_gpu: Sequence[int]) -> list[str]:
-    """The pool against the free memory: as a whole, or per GPU when backends are pinned."""
+    """The backends' needs against the free memory: as a whole, or per GPU when they are
+    pinned."""
     pinned = [need.devices for need in needs if need.devices is not None]
     if not pinned or any(i >= len(free_per_gpu) for devices in pinned for i in devices):
         # Unpinned (or pinned to GPUs nvidia-smi does not list): llama.cpp spreads over all.
-        return check_pool_fits({need.name: need.bytes for need in needs}, sum(free_per_gpu))
+        return check_backends_fit({need.name: need.bytes for need in needs}, sum(free_per_gpu))
     warnings = []
     for index, free in enumerate(free_per_gpu):
         shares = {
@@ -123,7 +124,7 @@ def fit_warnings(needs: Sequence[BackendNeed], free_per_gpu: Sequence[int]) -> l
             for need in needs
             if index in (seen := need.devices or tuple(range(len(free_per_gpu))))
         }
-        warnings += [f"GPU {index}: {warning}" for warning in check_pool_fits(shares, free)]
+        warnings += [f"GPU {index}: {warning}" for warning in check_backends_fit(shares, free)]
     return warnings
 
 

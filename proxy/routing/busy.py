@@ -29,7 +29,7 @@ requests say so. On the routing benchmark this took the adaptive policy on setup
 trace from 0.77 to 1.02x depth 0 (bench.routing, one run; README "Routing").
 
 What a depth achieved is the decode speed of the requests that ran at it while the process was
-busy at that depth only, as log speed, each weighted by how long it ran so (the pool's
+busy at that depth only, as log speed, each weighted by how long it ran so (LiveBackend's
 single-depth clock): the time-weighted mean speed of a slot, which is what the process's
 throughput is made of. Weighting by time, rather than keeping only the runs that stayed at one
 depth throughout, matters: of the requests of a short epoch, those that finish before the next
@@ -223,8 +223,8 @@ class BusyDepths:
         evidence = sum(r[3] for r in measured)
         if evidence <= 0:
             return Gap(0.0, math.inf, 0.0)
-        pooled = sum(t * diff for t, diff, _, _ in measured) / sum(r[0] for r in measured)
-        guess = (evidence * pooled + PRIOR_REQUESTS * PRIOR_GAP) / (evidence + PRIOR_REQUESTS)
+        observed = sum(t * diff for t, diff, _, _ in measured) / sum(r[0] for r in measured)
+        guess = (evidence * observed + PRIOR_REQUESTS * PRIOR_GAP) / (evidence + PRIOR_REQUESTS)
         rows = measured + [(t, guess, PRIOR_SD, 0.0) for t in unmeasured]
         share = sum(r[0] for r in rows)
         mean = sum(t * diff for t, diff, _, _ in rows) / share

@@ -115,11 +115,11 @@ class Exchange:
     def _excluded(self) -> set[str]:
         """Backends that failed this request, as long as the same process runs there: one
         that restarted since (a new generation) may be tried again."""
-        pool = self.state.backends
+        backends = self.state.backends
         return {
             name
             for name, generation in self.failed.items()
-            if (slot := pool.get(name)) is None or slot.generation == generation
+            if (backend := backends.get(name)) is None or backend.generation == generation
         }
 
     def _may_wait(self, tried: set[str]) -> bool:

@@ -140,7 +140,7 @@ def test_pool_that_does_not_fit_is_explained(tmp_path: Path) -> None:
     result = run_preflight(settings, free_memory=gpus(24))
     assert len(result.warnings) == 1
     warning = result.warnings[0]
-    assert warning.startswith("backend pool needs ~")
+    assert warning.startswith("the backends need ~")
     assert "big/off ~" in warning and "big/max ~" in warning
     assert "only 24.0 GiB is free" in warning
     assert "offload layers to the CPU" in warning
@@ -170,7 +170,7 @@ def test_pinned_backends_are_checked_per_gpu(tmp_path: Path) -> None:
         settings_for(path, profiles=pinned("0", "0", "1")), free_memory=gpus(12, 12, 12)
     )
     assert len(crowded.warnings) == 1  # 36 GiB free in all, but two backends on GPU 0
-    assert crowded.warnings[0].startswith("GPU 0: backend pool needs")
+    assert crowded.warnings[0].startswith("GPU 0: the backends need")
     assert "big/off" in crowded.warnings[0] and "big/max" not in crowded.warnings[0]
 
 
@@ -199,10 +199,10 @@ def test_check_config_prints_the_estimate_and_warns(tmp_path: Path) -> None:
         "check-config", str(config), path_dir=fake_nvidia_smi(tmp_path / "bin", 16_000)
     )
     assert result.returncode == 0, result.stderr  # a warning, not an error
-    assert "gpu memory: pool needs ~27.25 GiB" in result.stdout  # 3 x (8 GiB + KV + drafts)
+    assert "gpu memory: the backends need ~27.25 GiB" in result.stdout  # 3 x (8 GiB + KV + drafts)
     assert "free: 15.62 GiB on 1 GPU(s)" in result.stdout
     assert "  tiny/max: ~9.17 GiB (model 8.00 GiB, ctx 8192, draft n_max 3)" in result.stdout
-    assert result.stderr.startswith("warning: backend pool needs ~27.2 GiB")
+    assert result.stderr.startswith("warning: the backends need ~27.2 GiB")
     assert "llama-server will offload layers to the CPU" in result.stderr
 
 
