@@ -16,7 +16,7 @@ from proxy.state import STATE
 
 log = structlog.get_logger("proxy")
 
-# Paths any client may reach without a key: probes and scrapes (the listener is loopback by
+# Paths any client may reach without a key: health checks and scrapes (the listener is loopback by
 # default; put /metrics behind the network, not behind a client key).
 _OPEN_PATHS = frozenset({"/health", "/v1/health", "/metrics"})
 _LINGER_BYTES = 64 * 1024  # refused bodies up to this size are read (and dropped) as usual
