@@ -22,7 +22,7 @@ from supervisor.settings import SupervisorSettings
 from supervisor.spec import DraftSpec
 
 BackendKind = Literal["simulator", "llama-server"]
-DraftControl = Literal["auto", "per-request", "per-process"]
+DraftControlSetting = Literal["auto", "per-request", "per-process"]
 """How a model's profiles are served: as per-request depths of one process (per-request), as
 one process per profile (per-process, the pool), or decided by the backend's probe (auto)."""
 DEFAULT_DRAFT_N_MAX = 3  # llama-server's --spec-draft-n-max default
@@ -89,7 +89,7 @@ class ModelSettings(BaseModel):
     args: list[str] = []
     slots: int | None = Field(default=None, ge=1)
     profiles: list[ProfileSettings] = Field(min_length=1)
-    draft_control: DraftControl = "auto"
+    draft_control: DraftControlSetting = "auto"
     env: dict[str, str] = {}
     """Environment of every process of the model (a profile's own env adds to it)."""
     replicas: int = Field(default=1, ge=1, le=64)
