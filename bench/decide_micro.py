@@ -18,9 +18,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from proxy.apis import Api
 from proxy.config.routing import RoutingSettings
 from proxy.routing.classes import RequestClass, bucket_labels
-from proxy.routing.features import Api, extract_features
+from proxy.routing.features import extract_features
 from proxy.routing.policy import Candidate, decide
 from proxy.routing.stats import LearnedStats
 from proxy.routing.telemetry import Observation

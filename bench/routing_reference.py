@@ -43,13 +43,16 @@ from typing import Any
 import aiohttp
 
 from bench.routing_report import PolicyRun
-from proxy.tune.measure import API_OF_PATH
-from proxy.tune.trace import TraceRequest
+from proxy.apis import API_OF_PATH
+from proxy.tune.trace import PATHS, TraceRequest
 
 MIN_CELL_REQUESTS = 3  # a cell leaves the best overall setting only on this many requests ...
 MIN_CELL_GAIN = 0.03  # ... and by this much goodput in that cell
 LOAD_LEVELS = (1, 2, 4)  # 1, 2-3, 4+: the levels the proxy's statistics are keyed by by default
-SIM_API = {path: "completion" if api == "completions" else api for path, api in API_OF_PATH.items()}
+SIM_API = {
+    path: "completion" if API_OF_PATH[path] == "completions" else API_OF_PATH[path]
+    for path in PATHS
+}
 """The simulator's name of each path's API (its /sim/predict takes it as "api")."""
 
 

@@ -20,16 +20,18 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from proxy.apis import API_OF_PATH
 from proxy.config.routing import RoutingSettings
 from proxy.config.settings import Settings
 from proxy.ops import admin, sdnotify
 from proxy.ops.access_log import access_log_middleware
-from proxy.ops.collectors import PoolCollector
+from proxy.ops.collectors import BackendsCollector
 from proxy.ops.drain import REQUESTS, RequestCount, count_requests, drain
 from proxy.ops.metrics import ProxyMetrics
 from proxy.ops.reload import Reloader
-from proxy.plans.auto import apply_plans, on_ready, on_replaced
-from proxy.plans.plan import backend_slots, backend_specs, describe_plan, plans_of
+from proxy.plans.adopt import apply_plans, register_backends
+from proxy.plans.auto import on_ready, on_replaced
+from proxy.plans.plan import describe_plan, plans_of
 from proxy.routing.router import Router
 from proxy.routing.stats import LearnedStats, write_atomic
 from proxy.serving import handlers, passthrough
@@ -48,7 +50,6 @@ from proxy.serving.middlewares import auth_middleware, error_middleware
 from proxy.serving.model_names import ModelCatalog
 from proxy.state import STATE, ProxyState
 from supervisor.backend import Backend
-from supervisor.states import BackendState
 from supervisor.supervisor import Supervisor
 
 log = structlog.get_logger("proxy")
@@ -90,11 +91,11 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
     app[CONNECTIONS] = ConnectionGuard(cap, server.header_timeout_s, registry)
     app[REQUESTS] = RequestCount()
     state.metrics.prime({m.name: [p.name for p in m.profiles] for m in settings.models})
-    registry.register(PoolCollector(state))
+    registry.register(BackendsCollector(state))
     _add_routes(app)
     app.cleanup_ctx.append(_connection_deadlines)
     app.cleanup_ctx.append(_upstream_session)
-    app.cleanup_ctx.append(_backend_pool)
+    app.cleanup_ctx.append(_supervised_backends)
     app.cleanup_ctx.append(_housekeeping)
     return app
 
@@ -107,12 +108,12 @@ def _load_stats(settings: RoutingSettings) -> LearnedStats:
 
 
 def _add_routes(app: web.Application) -> None:
-    for path, api in handlers.API_PATHS.items():
+    for path, api in API_OF_PATH.items():
         app.router.add_post(path, handlers.generation_handler(api))
     app.router.add_get("/v1/models", handlers.list_models)
     app.router.add_get("/models", handlers.list_models)
     app.router.add_get("/health", handlers.health)
-    app.router.add_get("/v1/health", handlers.health)  # llama-server's alias; the pool's health
+    app.router.add_get("/v1/health", handlers.health)  # llama-server's alias; the backends' health
     app.router.add_get("/metrics", handlers.metrics)
     passthrough.add_routes(app)
     admin.add_routes(app)
@@ -129,8 +130,8 @@ async def _connection_deadlines(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
-    # One pooled session for every backend: keep-alive connections, no per-host cap (the
-    # policy and the backends' slots bound concurrency, not the connector).
+    # One session for every backend: keep-alive connections, no per-host cap (the policy
+    # and the backends' slots bound concurrency, not the connector).
     connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
     # No cookie jar: a cookie one backend set must never ride along on other clients' requests.
     # Accept-Encoding is set per request (identity: the telemetry reads plain bytes); aiohttp
@@ -147,15 +148,12 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
         app[STATE].session = None
 
 
-async def _backend_pool(app: web.Application) -> AsyncIterator[None]:
+async def _supervised_backends(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     for model in state.settings.models:
         for line in describe_plan(model, state.plans[model.name]):
             log.info("plan", model=model.name, line=line)
-    specs = backend_specs(state.settings, state.plans)
-    slots = backend_slots(state.settings, state.plans)
-    for spec in specs:
-        state.backends.update(spec, BackendState.STARTING, base_url=None, slots=slots[spec.name])
+    specs, _ = register_backends(state)
     supervisor = Supervisor(
         specs,
         state.settings.supervisor,
@@ -173,17 +171,17 @@ async def _backend_pool(app: web.Application) -> AsyncIterator[None]:
 
 
 def _track(state: ProxyState, changed: Backend) -> None:
-    """Mirror a backend's state into the pool the instant it changes."""
+    """Mirror a supervised backend's state into LiveBackends the instant it changes."""
     if state.supervisor is None:
         return
     # While a changed backend is replaced, two share its name; the supervisor's answer for the
     # name is the one that serves (the old one until the new one is ready).
     current = state.supervisor.backend(changed.name)
-    slot = state.backends.update(current.spec, current.state, current.base_url)
-    if slot.ready:
+    backend = state.backends.update(current.spec, current.state, current.base_url)
+    if backend.ready:
         on_ready(state, current)
         on_replaced(state, current)
-        state.admission.notify(slot.model, state.backends.free_slots(slot.model))
+        state.admission.notify(backend.model, state.backends.free_slots(backend.model))
     _notify_ready_once_serving(state)
 
 

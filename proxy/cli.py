@@ -44,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mtp-proxy", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the proxy and its backend pool")
-    serve.add_argument("--config", type=Path, help="TOML file (default: the embedded demo pool)")
+    serve = commands.add_parser("serve", help="run the proxy and its backends")
+    serve.add_argument(
+        "--config", type=Path, help="TOML file (default: the embedded demo configuration)"
+    )
     serve.add_argument("--host", help="listen address (default from config: 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default from config: 8080)")
     check = commands.add_parser("check-config", help="validate a config file and summarise it")

@@ -17,7 +17,8 @@ import aiohttp
 import structlog
 
 from supervisor.backend import Backend, InFlight, OnChange
-from supervisor.draft_probe import DraftControl, probe_draft_control, speculation_in
+from supervisor.draft_probe import DraftControl, probe_draft_control
+from supervisor.flags import speculation_in
 from supervisor.health import check_health
 from supervisor.process import ChildProcess, describe_exit, free_loopback_port
 from supervisor.settings import SupervisorSettings
@@ -322,8 +323,8 @@ class Child:
         while True:
             if proc.exited:
                 return await self._ended(f"{describe_exit(proc.returncode)} before ready", proc)
-            probe = await check_health(self._http(), self._url(), settings.health_timeout_s)
-            if probe.ok and not proc.exited:
+            health = await check_health(self._http(), self._url(), settings.health_timeout_s)
+            if health.ok and not proc.exited:
                 loaded = time.monotonic() - proc.started_at
                 await self._probe_draft_control()
                 if proc.exited:
@@ -335,7 +336,8 @@ class Child:
             if remaining <= 0:
                 await proc.terminate(settings.stop_timeout_s)
                 return await self._ended(
-                    f"not ready after {settings.ready_timeout_s:g}s (/health: {probe.detail})", proc
+                    f"not ready after {settings.ready_timeout_s:g}s (/health: {health.detail})",
+                    proc,
                 )
             await proc.wait(min(settings.ready_poll_s, remaining))
 
@@ -348,13 +350,13 @@ class Child:
             began = time.monotonic()
             if proc is not None and proc.exited:
                 return await self._ended(describe_exit(proc.returncode), proc)
-            probe = await check_health(self._http(), self._url(), settings.health_timeout_s)
+            health = await check_health(self._http(), self._url(), settings.health_timeout_s)
             now = time.monotonic()
             if proc is not None and proc.exited:
                 continue
             silent = now - last_ok
-            if probe.ok:
-                # Silence counts from when this probe was sent: probes keep a cadence from their
+            if health.ok:
+                # Silence counts from when this check was sent: checks keep a cadence from their
                 # start, so counting from the answer would land every timeout just short of
                 # unhealthy_after_s and detection would take one interval longer.
                 last_ok = began
@@ -367,7 +369,7 @@ class Child:
                 if self._state is not S.UNHEALTHY and silent >= settings.unhealthy_after_s:
                     unhealthy_since = now
                     self._set_state(
-                        S.UNHEALTHY, f"no healthy /health for {silent:.1f}s: {probe.detail}"
+                        S.UNHEALTHY, f"no healthy /health for {silent:.1f}s: {health.detail}"
                     )
                 elif (
                     proc is not None
@@ -377,9 +379,9 @@ class Child:
                     # Hung (SIGSTOP, deadlock): SIGTERM would wait in vain; SIGKILL works.
                     await proc.kill()
                     return await self._ended(
-                        f"killed: no healthy /health for {silent:.1f}s ({probe.detail})", proc
+                        f"killed: no healthy /health for {silent:.1f}s ({health.detail})", proc
                     )
-            # Keep the cadence: a slow (timed-out) probe already used part of the interval.
+            # Keep the cadence: a slow (timed-out) check already used part of the interval.
             pause = max(settings.health_interval_s - (time.monotonic() - began), 0.0)
             if proc is None:
                 await asyncio.sleep(pause)

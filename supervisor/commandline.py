@@ -8,6 +8,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from supervisor.flags import supervisor_flag_in
 from supervisor.spec import DraftSpec
 
 LLAMA_SERVER = "llama-server"
@@ -30,9 +31,8 @@ def llama_server_argv(
     ``--metrics`` is always on: the proxy reads the speculative counters from /metrics.
     """
     argv = [binary, "-m", model_path, *shared_args, *speculative_args(draft), *extra_args]
-    for arg in argv[1:]:
-        if arg.split("=", 1)[0] in ("--host", "--port"):
-            raise ValueError(f"{arg} is set by the supervisor, remove it from the arguments")
+    if (arg := supervisor_flag_in(argv[1:])) is not None:
+        raise ValueError(f"{arg} is set by the supervisor, remove it from the arguments")
     if "--metrics" not in argv[1:]:
         argv.append("--metrics")
     return argv

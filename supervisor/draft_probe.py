@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,13 +21,12 @@ import aiohttp
 
 DraftControl = Literal["per-request", "ignored", "none"]
 
-DEPTH_FIELD = "speculative.n_max"  # the flat top-level key, as llama-server's schema names it
+DEPTH_KEY = "speculative.n_max"  # the flat top-level key, as llama-server's schema names it
 _PATH = "/v1/completions"
 # A few tokens are enough: the first draft comes right after the first sampled token.
 _MAX_TOKENS = 8
 # Two prompts, so the second answer cannot be a replay of the first from the prompt cache.
 _PROMPTS = ("The quick brown fox", "Once upon a time")
-_OFF_TYPES = frozenset({"none"})
 
 
 @dataclass(frozen=True)
@@ -41,17 +39,6 @@ class DraftProbe:
 
 class _ProbeFailed(Exception):
     """The backend did not answer the probe usefully; the message says how."""
-
-
-def speculation_in(argv: Sequence[str]) -> bool:
-    """Whether a backend's command line starts speculation (a --spec-type other than none)."""
-    spec_type: str | None = None
-    for i, arg in enumerate(argv):
-        if arg == "--spec-type" and i + 1 < len(argv):
-            spec_type = argv[i + 1]
-        elif arg.startswith("--spec-type="):
-            spec_type = arg.split("=", 1)[1]
-    return spec_type is not None and spec_type not in _OFF_TYPES
 
 
 async def probe_draft_control(
@@ -81,8 +68,8 @@ async def probe_draft_control(
     except _ProbeFailed as exc:
         return result("ignored", f"probe failed: {exc}", True)
     if zero > 0:
-        return result("ignored", f"drafted {zero} tokens with {DEPTH_FIELD} 0 ({plain} without)")
-    return result("per-request", f"drafted {plain} tokens without {DEPTH_FIELD}, none with 0")
+        return result("ignored", f"drafted {zero} tokens with {DEPTH_KEY} 0 ({plain} without)")
+    return result("per-request", f"drafted {plain} tokens without {DEPTH_KEY}, none with 0")
 
 
 async def _drafted(
@@ -97,8 +84,8 @@ async def _drafted(
         "stream": False,
     }
     if depth is not None:
-        body[DEPTH_FIELD] = depth
-    what = f"{_PATH}" + ("" if depth is None else f" with {DEPTH_FIELD} {depth}")
+        body[DEPTH_KEY] = depth
+    what = f"{_PATH}" + ("" if depth is None else f" with {DEPTH_KEY} {depth}")
     try:
         async with session.post(base_url.rstrip("/") + _PATH, json=body) as response:
             text = await response.text(errors="replace")

@@ -10,27 +10,31 @@ import aiohttp
 
 
 @dataclass(frozen=True)
-class Probe:
+class HealthCheck:
+    """What one /health request found."""
+
     ok: bool  # 200: ready to serve
     detail: str  # what was seen, for logs and state reasons
 
 
-async def check_health(session: aiohttp.ClientSession, base_url: str, timeout_s: float) -> Probe:
+async def check_health(
+    session: aiohttp.ClientSession, base_url: str, timeout_s: float
+) -> HealthCheck:
     """GET {base_url}/health. llama-server: refused, then 503 "Loading model", then 200."""
     try:
         async with session.get(
             f"{base_url.rstrip('/')}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
         ) as response:
             if response.status == 200:
-                return Probe(ok=True, detail="200")
+                return HealthCheck(ok=True, detail="200")
             text = await response.text(errors="replace")
-            return Probe(ok=False, detail=f"{response.status} {_message(text)}")
+            return HealthCheck(ok=False, detail=f"{response.status} {_message(text)}")
     except TimeoutError:
-        return Probe(ok=False, detail=f"no answer within {timeout_s:g}s")
+        return HealthCheck(ok=False, detail=f"no answer within {timeout_s:g}s")
     except aiohttp.ClientConnectorError as exc:
-        return Probe(ok=False, detail=f"cannot connect: {exc.os_error.strerror or exc}")
+        return HealthCheck(ok=False, detail=f"cannot connect: {exc.os_error.strerror or exc}")
     except (aiohttp.ClientError, asyncio.IncompleteReadError, OSError) as exc:
-        return Probe(ok=False, detail=f"{type(exc).__name__}: {exc}")
+        return HealthCheck(ok=False, detail=f"{type(exc).__name__}: {exc}")
 
 
 def _message(text: str) -> str:

@@ -1,7 +1,7 @@
-"""Rough GPU memory needs of a pool, to warn before llama-server spills layers to the CPU.
+"""Rough GPU memory needs of the backends, to warn before llama-server spills layers to the CPU.
 
-The estimate is deliberately simple and errs high: a warning that turns out unneeded costs a glance,
-a pool that silently does not fit costs most of its speed (figures:
+The estimate is deliberately simple and errs high: a warning that turns out unneeded costs a
+glance, backends that silently do not fit cost most of their speed (figures:
 docs/published-figures.md#setup-a).
 """
 
@@ -83,13 +83,13 @@ def mtp_buffer_bytes(
     return math.ceil(draft_kv) + compute
 
 
-def check_pool_fits(
+def check_backends_fit(
     estimates: Mapping[str, int],
     free_bytes: int | None,
     *,
     headroom_bytes: int = DRAFT_HEADROOM_BYTES,
 ) -> list[str]:
-    """Warnings (empty if it fits, or if free memory is unknown) for a pool on one GPU."""
+    """Warnings (empty if they fit, or if free memory is unknown) for backends on one GPU."""
     if free_bytes is None or not estimates:
         return []
     warnings = []
@@ -97,7 +97,7 @@ def check_pool_fits(
     if total + headroom_bytes > free_bytes:
         parts = ", ".join(f"{name} ~{_gib(size)}" for name, size in estimates.items())
         warnings.append(
-            f"backend pool needs ~{_gib(total)} of GPU memory ({parts}) plus "
+            f"the backends need ~{_gib(total)} of GPU memory ({parts}) plus "
             f"{_gib(headroom_bytes)} headroom for draft buffers, but only {_gib(free_bytes)} "
             "is free: llama-server will offload layers to the CPU and decode far slower. "
             "Use fewer profiles or replicas, a smaller context (-c), or a quantized KV cache."

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-# Spec types that take no draft length: the draft settings are meaningless for them.
-_OFF_TYPES = frozenset({"none"})
+from supervisor.flags import SPEC_TYPES_OFF, supervisor_flag_in
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ class DraftSpec:
 
     @property
     def is_off(self) -> bool:
-        return self.spec_type is None or self.spec_type in _OFF_TYPES
+        return self.spec_type is None or self.spec_type in SPEC_TYPES_OFF
 
 
 @dataclass(frozen=True)
@@ -71,9 +70,8 @@ class BackendSpec:
             raise ValueError(f"backend {self.name!r}: set argv or url, not both")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"backend {self.name!r}: url must start with http:// or https://")
-        for arg in self.argv[1:]:
-            if arg.split("=", 1)[0] in ("--host", "--port"):
-                raise ValueError(f"backend {self.name!r}: {arg} is set by the supervisor")
+        if (arg := supervisor_flag_in(self.argv[1:])) is not None:
+            raise ValueError(f"backend {self.name!r}: {arg} is set by the supervisor")
 
     @property
     def is_remote(self) -> bool:

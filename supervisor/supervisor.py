@@ -1,4 +1,4 @@
-"""The pool: start, watch, reload and stop every backend of the configuration."""
+"""The supervisor: start, watch, reload and stop every backend of the configuration."""
 
 from __future__ import annotations
 

@@ -17,11 +17,12 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from proxy.config.routing import RoutingSettings
 from proxy.serving.model_names import ModelNameSettings
+from supervisor.flags import PARALLEL, positive_int
 from supervisor.settings import SupervisorSettings
 from supervisor.spec import DraftSpec
 
 BackendKind = Literal["simulator", "llama-server"]
-DraftControl = Literal["auto", "per-request", "per-process"]
+DraftControlSetting = Literal["auto", "per-request", "per-process"]
 """How a model's profiles are served: as per-request depths of one process (per-request), as
 one process per profile (per-process, the pool), or decided by the backend's probe (auto)."""
 DEFAULT_DRAFT_N_MAX = 3  # llama-server's --spec-draft-n-max default
@@ -88,7 +89,7 @@ class ModelSettings(BaseModel):
     args: list[str] = []
     slots: int | None = Field(default=None, ge=1)
     profiles: list[ProfileSettings] = Field(min_length=1)
-    draft_control: DraftControl = "auto"
+    draft_control: DraftControlSetting = "auto"
     env: dict[str, str] = {}
     """Environment of every process of the model (a profile's own env adds to it)."""
     replicas: int = Field(default=1, ge=1, le=64)
@@ -190,13 +191,7 @@ class ModelSettings(BaseModel):
         """Requests one backend serves at once: `slots`, else its -np/--parallel, else 4."""
         if self.slots is not None:
             return self.slots
-        args = [*self.args, *profile.args]
-        for flag in ("-np", "--parallel"):
-            if flag in args[:-1]:
-                value = args[args.index(flag) + 1]
-                if value.isdigit() and int(value) > 0:
-                    return int(value)
-        return _LLAMA_SERVER_DEFAULT_SLOTS
+        return positive_int([*self.args, *profile.args], PARALLEL) or _LLAMA_SERVER_DEFAULT_SLOTS
 
 
 class ServerSettings(BaseModel):

@@ -14,10 +14,10 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from proxy.apis import CLIENT_CLOSED
 from proxy.ops.request_log import LOGGED, request_logger
 from proxy.state import STATE
 
-CLIENT_CLOSED = 499  # nginx's status for a request whose client left before its answer
 LOG_FIELDS = "mtp_proxy.log_fields"
 """Request key: extra fields for the line (e.g. the model and backend a forwarded call used)."""
 

@@ -34,10 +34,10 @@ async def backends(request: web.Request) -> web.Response:
     state = request.app[STATE]
     rows = []
     supervised = {b.spec.name: b for b in state.supervisor.backends} if state.supervisor else {}
-    for slot in state.backends.all():
-        row = supervised[slot.name].snapshot() if slot.name in supervised else {}
-        row.update(name=slot.name, model=slot.model, profile=slot.profile)
-        row.update(in_flight=slot.in_flight, slots=slot.slots)
+    for backend in state.backends.all():
+        row = supervised[backend.name].snapshot() if backend.name in supervised else {}
+        row.update(name=backend.name, model=backend.model, profile=backend.profile)
+        row.update(in_flight=backend.in_flight, slots=backend.slots)
         rows.append(row)
     return web.json_response({"backends": rows})
 

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from proxy.state import ProxyState
 
 
-class PoolCollector(Collector):
+class BackendsCollector(Collector):
+    """Each backend's state and load, auto's draft control, the queues and what was learned."""
+
     def __init__(self, state: ProxyState) -> None:
         self._state = state
 
@@ -67,23 +69,24 @@ class PoolCollector(Collector):
             labels=labels,
         )
         supervised = self._supervised()
-        for slot in self._state.backends.all():
-            values = [slot.name, slot.model, slot.profile]
-            in_flight.add_metric(values, slot.in_flight)
-            ready.add_metric(values, 1.0 if slot.ready else 0.0)
-            slots.add_metric(values, slot.slots)
+        for backend in self._state.backends.all():
+            values = [backend.name, backend.model, backend.profile]
+            in_flight.add_metric(values, backend.in_flight)
+            ready.add_metric(values, 1.0 if backend.ready else 0.0)
+            slots.add_metric(values, backend.slots)
             for each in BackendState:
-                state.add_metric([*values, each.value], 1.0 if slot.state == each else 0.0)
-            backend = supervised.get(slot.name)
-            restarts.add_metric(values, getattr(backend, "restarts", 0))
-            crash_loops.add_metric(values, getattr(backend, "crash_loops", 0))
-            health_failures.add_metric(values, getattr(backend, "health_failures", 0))
+                state.add_metric([*values, each.value], 1.0 if backend.state == each else 0.0)
+            process = supervised.get(backend.name)
+            restarts.add_metric(values, getattr(process, "restarts", 0))
+            crash_loops.add_metric(values, getattr(process, "crash_loops", 0))
+            health_failures.add_metric(values, getattr(process, "health_failures", 0))
         yield from (in_flight, state, ready, slots, restarts, crash_loops, health_failures)
 
     def _draft_control_metric(self) -> Metric:
         family = GaugeMetricFamily(
             "mtp_proxy_backend_draft_control",
-            "1 for what the backend's probe found: per-request (it honours speculative.n_max), "
+            "1 for what the draft-control probe found: per-request (it honours "
+            "speculative.n_max), "
             "ignored (it does not, or the probe failed) or none (no speculation); all 0 until "
             "probed.",
             labels=["backend", "control"],

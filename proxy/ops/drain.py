@@ -1,4 +1,4 @@
-"""Graceful shutdown: count the requests in flight and let them finish before the pool stops."""
+"""Graceful shutdown: count the requests in flight and let them finish before the backends stop."""
 
 from __future__ import annotations
 

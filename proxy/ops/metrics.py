@@ -11,7 +11,7 @@ from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from proxy.routing.policy import Reason
+from proxy.routing.choice import Reason
 from proxy.routing.telemetry import Observation
 
 # Label value of a request that never reached the routing step (refused before it, or unknown).

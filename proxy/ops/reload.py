@@ -1,11 +1,11 @@
-"""SIGHUP: re-read the configuration file and apply its models to the running pool.
+"""SIGHUP: re-read the configuration file and apply its models to the running backends.
 
 Only the models (and so the backends) change at a reload: unchanged backends keep running, new
 ones start, removed ones drain and stop, and a changed one is replaced start-first, so a model
 never loses its last ready backend (`Supervisor.reload`). A FAILED backend is given another try.
 The listener, timeouts, supervisor timings and routing settings stay as the proxy started with
 them; a reload that changes them says so in the log. A configuration that does not validate is
-logged and ignored: the running pool stays as it is.
+logged and ignored: the running backends stay as they are.
 """
 
 from __future__ import annotations
@@ -18,13 +18,11 @@ import structlog
 
 from proxy.config.settings import ConfigError, Settings, load_settings
 from proxy.ops import sdnotify
-from proxy.plans.auto import apply_plans
-from proxy.plans.plan import ModelPlan, backend_slots, backend_specs, plans_of
+from proxy.plans.adopt import adopt_plans, apply_plans
+from proxy.plans.plan import ModelPlan, backend_specs, plans_of
 from proxy.serving.model_names import ModelCatalog
 from proxy.state import ProxyState
 from supervisor.commandline import LlamaServerNotFoundError
-from supervisor.spec import BackendSpec
-from supervisor.states import BackendState
 
 log = structlog.get_logger("proxy.reload")
 
@@ -61,7 +59,9 @@ class Reloader:
                 return False
             loaded = await asyncio.to_thread(_load, self._path)
             if isinstance(loaded, str):
-                log.error("reload_failed", path=str(self._path), error=loaded, kept="running pool")
+                log.error(
+                    "reload_failed", path=str(self._path), error=loaded, kept="running backends"
+                )
                 return False
             try:
                 await self._apply(loaded)
@@ -83,24 +83,12 @@ class Reloader:
         state = self._state
         supervisor = state.supervisor
         if supervisor is None:
-            log.warning("reload_skipped", reason="the backend pool is not running")
+            log.warning("reload_skipped", reason="the supervisor is not running")
             return
         _warn_fixed(state.settings, settings)
-        plans = carried_plans(state, settings)
-        specs, slots = backend_specs(settings, plans), backend_slots(settings, plans)
-        before = {backend.name: backend.spec for backend in supervisor.backends}
-        wanted = {spec.name: spec for spec in specs}
         sdnotify.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
-        _adopt_models(state, settings, specs, slots, plans)
-        await supervisor.reload(specs)
-        for name in before.keys() - wanted.keys():
-            state.backends.remove(name)  # only now: a removed backend's drain reads its in_flight
-        running = {backend.name: backend.spec for backend in supervisor.backends}
-        for name, count in slots.items():
-            # A changed backend whose successor failed serves on as its old process, with
-            # the slots that process was started with.
-            if running.get(name) == wanted[name] and (slot := state.backends.get(name)) is not None:
-                slot.slots = count
+        _adopt_models(state, settings, carried_plans(state, settings))
+        before, wanted = await adopt_plans(state)
         sdnotify.notify("READY=1")
         log.info(
             "reloaded",
@@ -127,15 +115,10 @@ def carried_plans(state: ProxyState, settings: Settings) -> dict[str, ModelPlan]
     }
 
 
-def _adopt_models(
-    state: ProxyState,
-    settings: Settings,
-    specs: list[BackendSpec],
-    slots: dict[str, int],
-    plans: dict[str, ModelPlan],
-) -> None:
-    """Before the backends change: a new model answers 503 (starting), not 404, while it
-    loads; a removed one 404s at once while its requests in flight finish."""
+def _adopt_models(state: ProxyState, settings: Settings, plans: dict[str, ModelPlan]) -> None:
+    """Before the backends change: with adopt_plans' registration (no await in between), a
+    new model answers 503 (starting), not 404, while it loads; a removed one 404s at once
+    while its requests in flight finish."""
     state.settings = state.settings.model_copy(
         update={"models": settings.models, "model_names": settings.model_names}
     )
@@ -143,11 +126,6 @@ def _adopt_models(
     state.plans = plans
     apply_plans(state)
     state.metrics.prime({m.name: [p.name for p in m.profiles] for m in settings.models})
-    for spec in specs:
-        if state.backends.get(spec.name) is None:
-            state.backends.update(
-                spec, BackendState.STARTING, base_url=None, slots=slots[spec.name]
-            )
 
 
 def _load(path: Path) -> Settings | str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 from structlog.typing import FilteringBoundLogger
 
-from proxy.routing.features import Api
+from proxy.apis import Api
 from proxy.state import STATE
 
 _REQUEST_ID_CHARS = frozenset("0123456789abcdefABCDEF-")

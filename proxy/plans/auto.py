@@ -20,31 +20,14 @@ from dataclasses import replace
 import structlog
 
 from proxy.config.settings import ModelSettings
-from proxy.plans.plan import (
-    ONE_COPY,
-    ModelPlan,
-    backend_slots,
-    backend_specs,
-    describe_plan,
-    resolve_auto,
-)
+from proxy.plans.adopt import adopt_plans
+from proxy.plans.plan import ONE_COPY, ModelPlan, describe_plan, resolve_auto
 from proxy.plans.preflight import pool_fits
-from proxy.routing.router import PerRequestModel
 from proxy.state import ProxyState
 from supervisor.backend import Backend
 from supervisor.draft_probe import DraftControl
-from supervisor.states import BackendState
 
 log = structlog.get_logger("proxy.plan")
-
-
-def apply_plans(state: ProxyState) -> None:
-    """Tell the router which models take their profiles per request."""
-    state.router.per_request = {
-        model.name: PerRequestModel(dict(plan.depths), model.mixed_depths)
-        for model in state.settings.models
-        if (plan := state.plans[model.name]).per_request
-    }
 
 
 def on_ready(state: ProxyState, backend: Backend) -> None:
@@ -105,17 +88,4 @@ async def _fall_back(
     for line in describe_plan(model, plan):
         log.info("plan_detail", model=model.name, line=line)
     state.plans[model.name] = plan
-    specs = backend_specs(state.settings, state.plans)
-    slots = backend_slots(state.settings, state.plans)
-    for spec in specs:
-        if spec.model == model.name and state.backends.get(spec.name) is None:
-            state.backends.update(
-                spec, BackendState.STARTING, base_url=None, slots=slots[spec.name]
-            )
-    supervisor = state.supervisor
-    if supervisor is None:
-        return
-    before = {backend.name for backend in supervisor.backends}
-    await supervisor.reload(specs)
-    for name in before - {spec.name for spec in specs}:
-        state.backends.remove(name)
+    await adopt_plans(state)

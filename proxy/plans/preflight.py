@@ -1,9 +1,9 @@
-"""Before the pool starts: will its llama-server processes fit in GPU memory?
+"""Before the backends start: will their llama-server processes fit in GPU memory?
 
 Each local llama-server backend loads its own copy of the weights, so a pool of three profiles
 needs three times the model plus each one's KV cache and draft buffers (supervisor.memory). When
-nvidia-smi answers, the needs are compared with the free memory and a pool that cannot fit is
-reported clearly: llama-server would start anyway, offload layers to the CPU and decode far
+nvidia-smi answers, the needs are compared with the free memory and backends that cannot fit
+are reported clearly: llama-server would start anyway, offload layers to the CPU and decode far
 slower. Only a warning: the estimate errs high and the operator may know better.
 
 Backends pinned to GPUs (CUDA_VISIBLE_DEVICES=1 in a profile's env, as in config.toml) are
@@ -25,10 +25,11 @@ from structlog.typing import FilteringBoundLogger
 
 from proxy.config.settings import DEFAULT_DRAFT_N_MAX, ModelSettings, ProfileSettings, Settings
 from proxy.plans.plan import ModelPlan, plans_of, processes
+from supervisor.flags import CACHE_TYPE_K, CACHE_TYPE_V, CTX_SIZE, GPU_LAYERS, flag_value
 from supervisor.memory import (
     DRAFT_HEADROOM_BYTES,
     GIB,
-    check_pool_fits,
+    check_backends_fit,
     estimate_vram_bytes,
     query_free_gpu_bytes,
 )
@@ -68,7 +69,7 @@ class BackendNeed:
 class Preflight:
     needs: list[BackendNeed] = field(default_factory=list)
     free_per_gpu: list[int] | None = None  # None: no nvidia-smi (or it failed): not checked
-    warnings: list[str] = field(default_factory=list)  # the pool may not fit or cannot start
+    warnings: list[str] = field(default_factory=list)  # the backends may not fit or cannot start
 
     @property
     def total_bytes(self) -> int:
@@ -87,7 +88,7 @@ class Preflight:
             if self.free_per_gpu is None
             else f"free: {gib(sum(self.free_per_gpu))} on {len(self.free_per_gpu)} GPU(s)"
         )
-        return f"gpu memory: pool needs ~{gib(self.total_bytes)}, {free}"
+        return f"gpu memory: the backends need ~{gib(self.total_bytes)}, {free}"
 
 
 def run_preflight(
@@ -110,11 +111,12 @@ def run_preflight(
 
 
 def fit_warnings(needs: Sequence[BackendNeed], free_per_gpu: Sequence[int]) -> list[str]:
-    """The pool against the free memory: as a whole, or per GPU when backends are pinned."""
+    """The backends' needs against the free memory: as a whole, or per GPU when they are
+    pinned."""
     pinned = [need.devices for need in needs if need.devices is not None]
     if not pinned or any(i >= len(free_per_gpu) for devices in pinned for i in devices):
         # Unpinned (or pinned to GPUs nvidia-smi does not list): llama.cpp spreads over all.
-        return check_pool_fits({need.name: need.bytes for need in needs}, sum(free_per_gpu))
+        return check_backends_fit({need.name: need.bytes for need in needs}, sum(free_per_gpu))
     warnings = []
     for index, free in enumerate(free_per_gpu):
         shares = {
@@ -122,7 +124,7 @@ def fit_warnings(needs: Sequence[BackendNeed], free_per_gpu: Sequence[int]) -> l
             for need in needs
             if index in (seen := need.devices or tuple(range(len(free_per_gpu))))
         }
-        warnings += [f"GPU {index}: {warning}" for warning in check_pool_fits(shares, free)]
+        warnings += [f"GPU {index}: {warning}" for warning in check_backends_fit(shares, free)]
     return warnings
 
 
@@ -166,7 +168,7 @@ def _estimate(
     if profile.url is not None or model.model_path is None:
         return None
     args = [*model.args, *profile.args]
-    if _flag(args, "-ngl", "--gpu-layers", "--n-gpu-layers") == "0" or _gpus_hidden(profile.env):
+    if flag_value(args, GPU_LAYERS) == "0" or _gpus_hidden(profile.env):
         return None  # runs on the CPU
     size = _file_size(model.model_path)
     if size is None:
@@ -192,18 +194,8 @@ def _estimate(
     return BackendNeed(name, need, detail, _devices(profile.env))
 
 
-def _flag(args: Sequence[str], *names: str) -> str | None:
-    """The value of the last occurrence of a flag (llama-server lets the last one win)."""
-    value = None
-    for i, arg in enumerate(args):
-        flag, eq, inline = arg.partition("=")
-        if flag in names:
-            value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
-    return value
-
-
 def _context(args: Sequence[str], env: Mapping[str, str]) -> tuple[int, str]:
-    raw = _flag(args, "-c", "--ctx-size") or env.get("LLAMA_ARG_CTX_SIZE")
+    raw = flag_value(args, CTX_SIZE) or env.get("LLAMA_ARG_CTX_SIZE")
     n_ctx = int(raw) if raw is not None and raw.isdigit() else 0
     if n_ctx > 0:
         return n_ctx, f"ctx {n_ctx}"
@@ -229,8 +221,8 @@ def _devices(env: Mapping[str, str]) -> tuple[int, ...] | None:
 
 
 def _kv_bytes(args: Sequence[str]) -> float:
-    k = _flag(args, "-ctk", "--cache-type-k") or "f16"
-    v = _flag(args, "-ctv", "--cache-type-v") or "f16"
+    k = flag_value(args, CACHE_TYPE_K) or "f16"
+    v = flag_value(args, CACHE_TYPE_V) or "f16"
     return (_KV_TYPE_BYTES.get(k, _F16) + _KV_TYPE_BYTES.get(v, _F16)) / 2
 
 

@@ -1,13 +1,17 @@
-"""The routing brain: which draft depth (profile) and backend serve a request, and what was learned.
+"""The routing brain: which profile (draft depth) and backend serve a request; what was learned.
 
+Pure but for ``router`` (the state) and ``spec_counters`` (a /metrics read). In request order:
+- ``router``: the state around the policies (sessions, mix, busy epochs) and the app's glue.
 - ``features``: one pass over a request body -> RequestFeatures (size, content kind, session).
 - ``classes``: a request class (context bucket x content kind), shared by everything below.
-- ``telemetry``: timings and usage read from responses -> Observation.
-- ``stats``: decayed statistics per (model, class, profile), per load level on one process.
-- ``policy``: pure decision for a pool: features + backend snapshot + statistics -> Decision.
-- ``depth``: pure decision for one process: replica and per-request draft depth, from what is
-  decoding there -> DepthDecision.
-- ``router``: the state around the policies (sessions, mix) and the glue to the app.
+- ``policy``: the decision for the pool: features + backend snapshot + statistics -> Decision.
+- ``depth``: the decision for one process: a replica and the request's depth -> DepthDecision.
+- ``choice``: the steps both policies share: borrowed estimates, cold roles, exploration.
+- ``busy``: the depth a busy process runs at, learned from what it achieved at each depth.
 - ``slot_caches``: which sessions' prompt caches each backend holds (llama-server's slots).
-- ``settings``: the ``[routing]`` section of the configuration.
+- ``telemetry``: timings and usage read from an answer (stream or body) -> Observation.
+- ``spec_counters``: draft acceptance from a backend's /metrics, for APIs without timings.
+- ``stats``: decayed statistics per (model, class, profile, load level); the state file.
+
+The settings: the ``[routing]`` section, RoutingSettings in ``proxy.config.routing``.
 """

@@ -198,8 +198,8 @@ class BusyDepths:
         evidence = sum(r[3] for r in measured)
         if evidence <= 0:
             return Gap(0.0, math.inf, 0.0)
-        pooled = sum(t * diff for t, diff, _, _ in measured) / sum(r[0] for r in measured)
-        guess = (evidence * pooled + PRIOR_REQUESTS * PRIOR_GAP) / (evidence + PRIOR_REQUESTS)
+        observed = sum(t * diff for t, diff, _, _ in measured) / sum(r[0] for r in measured)
+        guess = (evidence * observed + PRIOR_REQUESTS * PRIOR_GAP) / (evidence + PRIOR_REQUESTS)
         rows = measured + [(t, guess, PRIOR_SD, 0.0) for t in unmeasured]
         share = sum(r[0] for r in rows)
         mean = sum(t * diff for t, diff, _, _ in rows) / share

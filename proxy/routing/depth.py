@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from proxy.config.routing import RoutingSettings
-from proxy.routing.classes import RequestClass, classify_tokens, load_level, neighbours
+from proxy.routing import choice
+from proxy.routing.choice import Reason
+from proxy.routing.classes import RequestClass, classify_tokens, load_level
 from proxy.routing.features import RequestFeatures
-from proxy.routing.policy import FALLBACK_ORDER, MIN_SD_FRACTION, Reason
 from proxy.routing.stats import Estimate
 
 
@@ -106,12 +107,10 @@ def decide_depth(
     if level > 1 and not mixed and busy is not None and busy in depths:
         return decision(busy, "busy", f"{note}busy epoch of {replica.name} at {busy}")
     cls = classify_tokens(features.est_prompt_tokens, features.kind, settings)
-    choice = _Choice(features, depths, stats, settings, cls, level)
-    profile, reason, detail = choice.place()
-    rate = settings.cold_exploration_rate if reason == "rule" else settings.exploration_rate
-    tokens = features.est_prompt_tokens
-    if settings.learning and tokens < settings.exploration_max_tokens and rng.random() < rate:
-        explored = choice.explore(profile, rng)
+    chooser = _Choice(features, depths, stats, settings, cls, level)
+    profile, reason, detail = chooser.place()
+    if choice.explores(reason, features.est_prompt_tokens, settings, rng):
+        explored = chooser.explore(profile, rng)
         if explored is not None:
             profile, reason, detail = explored, "explore", f"explore {explored} (was {profile})"
     return decision(profile, reason, f"{note}{detail}")
@@ -135,41 +134,25 @@ class _Choice:
         level: int,
     ) -> None:
         self.f, self.depths, self.s, self.cls, self.level = features, depths, settings, cls, level
-        own = {p: e for p, e in stats.view_at(cls, level).items() if p in depths}
-        self.est, self.source = own, cls
-        if self._trusted_count(own) < 2:
-            for donor in neighbours(cls, settings):
-                view = {p: e for p, e in stats.view_at(donor, level).items() if p in depths}
-                if self._trusted_count(view) >= 2:
-                    self.est = {**view, **{p: e for p, e in own.items() if e.trusted}}
-                    self.source = donor
-                    break
-        learned = [e.output_tokens for e in self.est.values() if e.trusted and e.output_tokens]
-        out = max(learned) if learned else float(settings.prior_output_tokens)
-        if features.max_tokens is not None:
-            out = float(min(out, features.max_tokens))
-        self.out = max(out, 1.0)
 
-    @staticmethod
-    def _trusted_count(view: Mapping[str, Estimate]) -> int:
-        return sum(1 for e in view.values() if e.trusted)
+        def view_of(c: RequestClass) -> Mapping[str, Estimate]:
+            return {p: e for p, e in stats.view_at(c, level).items() if p in depths}
+
+        self.est, self.source = choice.borrowed_estimates(view_of, cls, depths, settings)
+        self.out = choice.expected_output_tokens(self.est, features.max_tokens, settings)
 
     def trusted(self) -> dict[str, Estimate]:
         return {p: e for p, e in self.est.items() if e.trusted}
 
     def expected_s(self, profile: str, decode: float | None = None) -> float:
         e = self.est[profile]
-        prefill = e.prefill_tok_s or self.s.prior_prefill_tok_s
         speed = decode if decode is not None else (e.decode_tok_s or self.s.prior_decode_tok_s)
-        return self.f.est_prompt_tokens / prefill + self.out / speed
+        return choice.service_s(e, self.f.est_prompt_tokens, self.out, speed, self.s)
 
     def guarded(self, profile: str) -> bool:
         """A drafting depth whose learned acceptance is below break-even."""
-        e = self.est.get(profile)
-        if e is None or self.depths[profile] == 0:
-            return False
-        acc = e.acceptance_trusted(self.s.min_samples)
-        return acc is not None and acc < self.s.break_even_acceptance
+        drafting = self.depths.get(profile, 0) != 0
+        return drafting and choice.below_break_even(self.est.get(profile), self.s)
 
     def place(self) -> tuple[str, Reason, str]:
         trusted = self.trusted()
@@ -177,60 +160,36 @@ class _Choice:
         if len(trusted) < 2:
             return self._rule(at)
         best = min(trusted, key=lambda p: (self.expected_s(p), p))
-        speeds = ", ".join(f"{p} {trusted[p].decode_tok_s or 0:.1f}" for p in sorted(trusted))
-        borrowed = f" (from {self.source.label})" if self.source != self.cls else ""
-        return best, "learned", f"learned {at}{borrowed}: {speeds} tok/s"
+        return best, "learned", choice.learned_detail(at, trusted, self.source, self.cls)
 
     def _rule(self, at: str) -> tuple[str, Reason, str]:
         s = self.s
-        if self.level > 1:
+        if self.level > 1:  # beside others
             role = s.cold_busy_role
-        elif self.f.est_prompt_tokens >= s.long_context_tokens:
-            role = s.cold_long_code_role if self.f.kind == "code" else s.cold_long_prose_role
         else:
-            role = s.cold_short_role
-        skipped = []
-        for r in FALLBACK_ORDER[role]:
-            profile = s.role_profile(r)
-            if profile not in self.depths:
-                continue
-            if self.guarded(profile):
-                skipped.append(f"{profile} below break-even")
-                continue
-            why = f" ({'; '.join(skipped)})" if skipped else ""
-            return profile, "rule", f"rule {at} -> {role}{why}"
+            role = choice.cold_role(self.f.est_prompt_tokens, self.f.kind, s)
+        picked = choice.role_pick(role, s, self.depths, self.guarded, missing_means_fallback=False)
+        if picked is not None:
+            profile, reason, why = picked
+            return profile, reason, f"rule {at} -> {role}{why}"
         shallowest = min(self.depths, key=lambda p: (self.depths[p], p))
         return shallowest, "fallback", f"fallback {at}: no role profile usable"
 
     def explore(self, chosen: str, rng: random.Random) -> str | None:
         """An exploration target, or None (Thompson sampling kept the choice)."""
-        long_ctx = self.f.est_prompt_tokens >= self.s.long_context_tokens
-        trusted = self.trusted()
-        best = self.expected_s(chosen) if chosen in trusted else None
-        eligible = []
-        for p in sorted(self.depths):
-            if p == chosen or (long_ctx and self.guarded(p)):
-                continue
-            worse = (
-                best is not None
-                and p in trusted
-                and best / self.expected_s(p) < 1.0 - self.s.exploration_max_regret
-            )
-            if not (long_ctx and worse):
-                eligible.append(p)
-        if not eligible:
-            return None
-        untried = [p for p in eligible if p not in trusted]
-        if untried:
-            return min(untried, key=lambda p: (self.est[p].count if p in self.est else 0, p))
-        if chosen not in trusted:
-            return None
-        draws = {p: self._thompson(p, rng) for p in [chosen, *eligible]}
-        pick = min(draws, key=lambda p: (draws[p], p))
-        return None if pick == chosen else pick
+        return choice.exploration_target(
+            chosen,
+            self.depths,
+            self.est,
+            self.trusted(),
+            long_context=self.f.est_prompt_tokens >= self.s.long_context_tokens,
+            guarded=self.guarded,
+            expected_s=self.expected_s,
+            drawn_s=lambda p: self._thompson(p, rng),
+            max_regret=self.s.exploration_max_regret,
+        )
 
     def _thompson(self, profile: str, rng: random.Random) -> float:
         e = self.est[profile]
         mean = e.decode_tok_s or self.s.prior_decode_tok_s
-        sd = max(e.decode_sd, MIN_SD_FRACTION * mean) / max(e.samples, 1.0) ** 0.5
-        return self.expected_s(profile, max(rng.gauss(mean, sd), 0.05 * mean))
+        return self.expected_s(profile, choice.thompson_speed(mean, e.decode_sd, e.samples, rng))

@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Api = Literal["chat", "completions", "responses", "messages"]
+from proxy.apis import Api
+
 ContentKind = Literal["code", "prose"]
 
 IMAGE_TOKENS = 768

@@ -24,21 +24,14 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 from proxy.config.routing import Role, RoutingSettings
-from proxy.routing.classes import RequestClass, classify_tokens, neighbours
+from proxy.routing import choice
+from proxy.routing.choice import Reason
+from proxy.routing.classes import RequestClass, classify_tokens
 from proxy.routing.features import RequestFeatures
 from proxy.routing.stats import Estimate
-
-Reason = Literal["pinned", "affinity", "learned", "explore", "rule", "spill", "fallback", "busy"]
-
-FALLBACK_ORDER: dict[Role, tuple[Role, ...]] = {
-    "max": ("max", "min", "off"),
-    "min": ("min", "off", "max"),
-    "off": ("off", "min", "max"),
-}
-MIN_SD_FRACTION = 0.05  # Thompson draws: floor of the decode-speed spread, relative
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,20 +97,12 @@ class _Planner:
         self.groups: dict[str, list[Candidate]] = {}
         for c in ready:
             self.groups.setdefault(c.profile, []).append(c)
-        self.out = self._output_tokens()
+        self.out = choice.expected_output_tokens(estimates, features.max_tokens, settings)
         self._best: dict[str, Candidate | None] = {}
         # A new agent session stays where it starts for its cache: the long sessions already
         # resident on a backend load it for the session's whole life, not just their in-flight
         # requests of the moment.
         self.long_lived = features.agentic and not any(c.holds_session for c in ready)
-
-    def _output_tokens(self) -> float:
-        learned = [e.output_tokens for e in self.est.values() if e.trusted and e.output_tokens]
-        out = max(learned) if learned else float(self.s.prior_output_tokens)
-        if self.f.max_tokens is not None:
-            # min() before float(): a client's huge integer must not overflow the float.
-            out = float(min(out, self.f.max_tokens))
-        return max(out, 1.0)
 
     def trusted(self) -> dict[str, Estimate]:
         return {p: e for p, e in self.est.items() if e.trusted and p in self.groups}
@@ -167,11 +152,8 @@ class _Planner:
 
     def acceptance_guarded(self, profile: str) -> bool:
         """True if the learned acceptance of a speculative profile is below break-even."""
-        e = self.est.get(profile)
-        if e is None or not self.s.is_speculative(profile):
-            return False
-        acc = e.acceptance_trusted(self.s.min_samples)
-        return acc is not None and acc < self.s.break_even_acceptance
+        drafting = self.s.is_speculative(profile)
+        return drafting and choice.below_break_even(self.est.get(profile), self.s)
 
 
 def _load(c: Candidate) -> float:
@@ -216,10 +198,7 @@ def decide(
     cls = classify_tokens(tokens, features.kind, settings)
     plan = _Planner(features, ready, *_estimates(stats, cls, ready, settings), settings)
     profile, reason, detail = _place(plan, tokens, cls)
-    # A class still placed by the cold rules explores more (bounded: only until two profiles
-    # are trusted there); a learned class keeps the small steady rate.
-    rate = settings.cold_exploration_rate if reason == "rule" else settings.exploration_rate
-    if settings.learning and tokens < settings.exploration_max_tokens and rng.random() < rate:
+    if choice.explores(reason, tokens, settings, rng):
         explored = _explore(plan, profile, tokens, rng)
         if explored is not None:
             profile, reason, detail = explored, "explore", f"explore {explored} (was {profile})"
@@ -277,26 +256,9 @@ def _spare_cache(
 def _estimates(
     stats: StatsView, cls: RequestClass, ready: Sequence[Candidate], settings: RoutingSettings
 ) -> tuple[Mapping[str, Estimate], RequestClass]:
-    """The class's estimates; while fewer than two ready profiles are trusted there, those of
-    the nearest class that has two (same bucket other kind, then the neighbouring buckets).
-
-    Profiles rank alike in neighbouring classes far more often than the cold rules guess right,
-    so a class starts from its neighbours' ranking and then learns its own (its observations
-    land in its own cells; exploration keeps trying the others).
-    """
-    own = stats.view(cls)
-    profiles = {c.profile for c in ready}
-    if _trusted_count(own, profiles) >= 2:
-        return own, cls
-    for donor in neighbours(cls, settings):
-        view = stats.view(donor)
-        if _trusted_count(view, profiles) >= 2:
-            return {**view, **{p: e for p, e in own.items() if e.trusted}}, donor
-    return own, cls
-
-
-def _trusted_count(view: Mapping[str, Estimate], profiles: set[str]) -> int:
-    return sum(1 for p, e in view.items() if e.trusted and p in profiles)
+    """The class's estimates, borrowed from a neighbour while fewer than two ready profiles
+    are trusted there (``choice.borrowed_estimates``)."""
+    return choice.borrowed_estimates(stats.view, cls, {c.profile for c in ready}, settings)
 
 
 def _place(plan: _Planner, tokens: int, cls: RequestClass) -> tuple[str, Reason, str]:
@@ -311,9 +273,7 @@ def _place(plan: _Planner, tokens: int, cls: RequestClass) -> tuple[str, Reason,
             loaded[p] = plan.cost(c).total
     best = min(loaded, key=lambda p: (loaded[p], p))
     idle_best = min(loaded, key=lambda p: (_unloaded(plan, p), p))
-    speeds = ", ".join(f"{p} {trusted[p].decode_tok_s or 0:.1f}" for p in sorted(trusted))
-    borrowed = f" (from {plan.source.label})" if plan.source != cls else ""
-    detail = f"learned {cls.label}{borrowed}: {speeds} tok/s"
+    detail = choice.learned_detail(cls.label, trusted, plan.source, cls)
     if best != idle_best:
         busy_backend = plan.best_backend(idle_best)
         if busy_backend is not None and plan.busy(busy_backend):
@@ -323,30 +283,18 @@ def _place(plan: _Planner, tokens: int, cls: RequestClass) -> tuple[str, Reason,
 
 
 def _unloaded(plan: _Planner, profile: str) -> float:
-    e = plan.est[profile]
-    prefill = e.prefill_tok_s or plan.s.prior_prefill_tok_s
-    return plan.f.est_prompt_tokens / prefill + plan.out / plan.idle_decode(profile)
+    e, tokens = plan.est[profile], plan.f.est_prompt_tokens
+    return choice.service_s(e, tokens, plan.out, plan.idle_decode(profile), plan.s)
 
 
 def _rule(plan: _Planner, tokens: int, cls: RequestClass) -> tuple[str, Reason, str]:
-    s = plan.s
-    if tokens >= s.long_context_tokens:
-        role = s.cold_long_code_role if plan.f.kind == "code" else s.cold_long_prose_role
-    else:
-        role = s.cold_short_role
-    skipped: list[str] = []
-    unavailable = False
-    for r in FALLBACK_ORDER[role]:
-        profile = s.role_profile(r)
-        if profile not in plan.groups:
-            skipped.append(f"{profile} not ready")
-            unavailable = True
-        elif plan.acceptance_guarded(profile):
-            skipped.append(f"{profile} below break-even")
-        else:
-            why = f" ({'; '.join(skipped)})" if skipped else ""
-            reason: Reason = "fallback" if unavailable else "rule"
-            return profile, reason, f"rule {cls.label} -> {role}{why}"
+    role = choice.cold_role(tokens, plan.f.kind, plan.s)
+    picked = choice.role_pick(
+        role, plan.s, plan.groups, plan.acceptance_guarded, missing_means_fallback=True
+    )
+    if picked is not None:
+        profile, reason, why = picked
+        return profile, reason, f"rule {cls.label} -> {role}{why}"
     # None of the role profiles is usable: any ready profile, least loaded first.
     any_pick = min(
         (c for group in plan.groups.values() for c in group),
@@ -357,45 +305,25 @@ def _rule(plan: _Planner, tokens: int, cls: RequestClass) -> tuple[str, Reason, 
 
 def _explore(plan: _Planner, chosen: str, tokens: int, rng: random.Random) -> str | None:
     """An exploration target, or None (Thompson sampling kept the choice)."""
-    s = plan.s
-    long_ctx = tokens >= s.long_context_tokens
-    trusted = plan.trusted()
-    best_free = _unloaded(plan, chosen) if chosen in trusted else None
-    eligible: list[str] = []
-    for p in sorted(plan.groups):
-        if p == chosen:
-            continue
-        if long_ctx and plan.acceptance_guarded(p):
-            continue
-        # goodput ratio = time ratio; skip profiles known to lose more than max_regret
-        known_worse = (
-            best_free is not None
-            and p in trusted
-            and best_free / _unloaded(plan, p) < 1.0 - s.exploration_max_regret
-        )
-        if long_ctx and known_worse:
-            continue
-        eligible.append(p)
-    if not eligible:
-        return None
-    untried = [p for p in eligible if p not in trusted]
-    if untried:
-        return min(untried, key=lambda p: (plan.est[p].count if p in plan.est else 0, p))
-    if chosen not in trusted:
-        return None
-    draws = {p: _thompson_time(plan, p, rng) for p in [chosen, *eligible]}
-    pick = min(draws, key=lambda p: (draws[p], p))
-    return None if pick == chosen else pick
+    return choice.exploration_target(
+        chosen,
+        plan.groups,
+        plan.est,
+        plan.trusted(),
+        long_context=tokens >= plan.s.long_context_tokens,
+        guarded=plan.acceptance_guarded,
+        expected_s=lambda p: _unloaded(plan, p),
+        drawn_s=lambda p: _thompson_time(plan, p, rng),
+        max_regret=plan.s.exploration_max_regret,
+    )
 
 
 def _thompson_time(plan: _Planner, profile: str, rng: random.Random) -> float:
     e = plan.est[profile]
     mean = plan.idle_decode(profile)
     spread = e.decode_sd * mean / e.decode_tok_s if e.decode_tok_s else 0.0  # same scale
-    sd = max(spread, MIN_SD_FRACTION * mean) / max(e.samples, 1.0) ** 0.5
-    decode = max(rng.gauss(mean, sd), 0.05 * mean)
-    prefill = e.prefill_tok_s or plan.s.prior_prefill_tok_s
-    return plan.f.est_prompt_tokens / prefill + plan.out / decode
+    decode = choice.thompson_speed(mean, spread, e.samples, rng)
+    return choice.service_s(e, plan.f.est_prompt_tokens, plan.out, decode, plan.s)
 
 
 def _spill(plan: _Planner, profile: str, reason: Reason, detail: str) -> Decision:

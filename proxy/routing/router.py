@@ -15,11 +15,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from proxy.apis import Api
 from proxy.config.routing import RoutingSettings, decay_factor
 from proxy.routing.busy import BusyDepths, next_busy_depth
 from proxy.routing.classes import RequestClass, classify, load_level
 from proxy.routing.depth import Replica, decide_depth
-from proxy.routing.features import Api, RequestFeatures, extract_features
+from proxy.routing.features import RequestFeatures, extract_features
 from proxy.routing.policy import Candidate, decide
 from proxy.routing.slot_caches import SlotCaches
 from proxy.routing.stats import LearnedStats

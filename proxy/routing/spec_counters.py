@@ -8,12 +8,14 @@ finished at the previous reading, and none started while it ran. Otherwise it st
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 
 from proxy.routing.telemetry import SpecCounters, parse_spec_counters
 from proxy.serving.backends import LiveBackend
 
-_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+_TIMEOUT_S = 2.0
 
 
 class SpecCounterTracker:
@@ -39,10 +41,19 @@ class SpecCounterTracker:
     async def _read(
         self, session: aiohttp.ClientSession, backend: LiveBackend
     ) -> SpecCounters | None:
+        if backend.base_url is None:  # it stopped since the request finished
+            return None
         try:
-            async with session.get(f"{backend.base_url}/metrics", timeout=_TIMEOUT) as response:
-                if response.status != 200:
-                    return None
-                return parse_spec_counters(await response.text())
+            async with asyncio.timeout(_TIMEOUT_S):
+                return await read_spec_counters(session, backend.base_url)
         except (aiohttp.ClientError, TimeoutError):
             return None
+
+
+async def read_spec_counters(session: aiohttp.ClientSession, base_url: str) -> SpecCounters | None:
+    """A backend's spec counters now; None when /metrics does not answer 200 or lacks them.
+    A connection failure or timeout raises (aiohttp.ClientError, TimeoutError)."""
+    async with session.get(f"{base_url}/metrics") as response:
+        if response.status != 200:
+            return None
+        return parse_spec_counters(await response.text())

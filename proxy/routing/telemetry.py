@@ -20,8 +20,8 @@ from typing import Any, Literal
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.apis import Api
 from proxy.routing.classes import RequestClass
-from proxy.routing.features import Api
 
 Source = Literal["timings", "usage+clock"]
 

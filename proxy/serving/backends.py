@@ -125,15 +125,15 @@ class LiveBackends:
     def update(
         self, spec: BackendSpec, state: BackendState, base_url: str | None, slots: int = 1
     ) -> LiveBackend:
-        slot = self._backends.get(spec.name)
-        if slot is None:
-            slot = LiveBackend(spec.name, spec.model, spec.profile, base_url, state, slots=slots)
-            self._backends[spec.name] = slot
-        was_ready = slot.ready
-        slot.state, slot.base_url = state, base_url
-        if slot.ready and not was_ready:
-            slot.generation += 1
-        return slot
+        backend = self._backends.get(spec.name)
+        if backend is None:
+            backend = LiveBackend(spec.name, spec.model, spec.profile, base_url, state, slots=slots)
+            self._backends[spec.name] = backend
+        was_ready = backend.ready
+        backend.state, backend.base_url = state, base_url
+        if backend.ready and not was_ready:
+            backend.generation += 1
+        return backend
 
     def remove(self, name: str) -> None:
         self._backends.pop(name, None)
@@ -155,27 +155,27 @@ class LiveBackends:
         return list(self._backends.values())
 
     def in_flight(self, name: str) -> int:
-        slot = self._backends.get(name)
-        return slot.in_flight if slot else 0
+        backend = self._backends.get(name)
+        return backend.in_flight if backend else 0
 
     @contextmanager
     def lease(
-        self, slot: LiveBackend, profile: str | None = None, *, prefill: bool = False
+        self, backend: LiveBackend, profile: str | None = None, *, prefill: bool = False
     ) -> Iterator[Lease]:
-        """Count a request (at `profile`) against `slot` for as long as it is being served.
+        """Count a request (at `profile`) against `backend` for as long as it is being served.
         ``prefill``: it streams, and counts as decoding only from its first token on
         (``Lease.decoding``), since a prompt being processed decodes at no depth."""
-        slot.in_flight += 1
-        slot.started_total += 1
-        lease = Lease(slot, profile or slot.profile)
+        backend.in_flight += 1
+        backend.started_total += 1
+        lease = Lease(backend, profile or backend.profile)
         if not prefill:
             lease.decoding()
         try:
             yield lease
         finally:
-            slot.in_flight -= 1
+            backend.in_flight -= 1
             if lease.decoding_from is not None:
-                slot.end(lease.profile)
+                backend.end(lease.profile)
 
 
 @dataclass
@@ -183,7 +183,7 @@ class Lease:
     """One request on a backend: whether it decodes yet, and the single-depth clock of its
     profile when it began to (``LiveBackend.single_depth_seconds``)."""
 
-    slot: LiveBackend
+    backend: LiveBackend
     profile: str
     decoding_from: float | None = None
     slots_from: float = 0.0
@@ -193,21 +193,21 @@ class Lease:
         """Its first token: from now on it decodes beside the others (once; later calls do
         nothing)."""
         if self.decoding_from is None:
-            self.mix_mark = self.slot.mix_mark(self.profile)
-            self.slot.begin(self.profile)
-            self.decoding_from = self.slot.single_depth_seconds(self.profile)
-            self.slots_from = self.slot.single_depth_slot_seconds(self.profile)
+            self.mix_mark = self.backend.mix_mark(self.profile)
+            self.backend.begin(self.profile)
+            self.decoding_from = self.backend.single_depth_seconds(self.profile)
+            self.slots_from = self.backend.single_depth_slot_seconds(self.profile)
 
     @property
     def ran_mixed(self) -> bool:
         """Whether it decoded beside another profile at any time (or never decoded)."""
-        return self.decoding_from is None or self.slot.ran_mixed(self.mix_mark)
+        return self.decoding_from is None or self.backend.ran_mixed(self.mix_mark)
 
     def single_depth_s(self) -> float:
         """How long it has decoded while the process was busy at its profile only."""
         if self.decoding_from is None:
             return 0.0
-        return self.slot.single_depth_seconds(self.profile) - self.decoding_from
+        return self.backend.single_depth_seconds(self.profile) - self.decoding_from
 
     def single_depth_load(self) -> float:
         """How many requests decoded together, on average, over its ``single_depth_s`` (itself
@@ -215,4 +215,4 @@ class Lease:
         seconds = self.single_depth_s()
         if seconds <= 0:
             return 0.0
-        return (self.slot.single_depth_slot_seconds(self.profile) - self.slots_from) / seconds
+        return (self.backend.single_depth_slot_seconds(self.profile) - self.slots_from) / seconds

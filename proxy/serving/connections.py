@@ -51,7 +51,7 @@ CLOSE_CAUSES = ("header_timeout", "over_cap_idlest", "over_cap_refused", "half_c
 # How aiohttp's request handler queues a parse error (private: if a release renames it, a broken
 # chunk is answered by the body read deadline, 408, instead of at once, 400).
 _PARSE_ERROR: type | None = getattr(web_protocol, "_ErrInfo", None)
-_PROBE_CHECK_S = 0.05  # a reset from loopback or a LAN is back by then; the sweep checks on
+_RESET_CHECK_S = 0.05  # a reset from loopback or a LAN is back by then; the sweep checks on
 
 
 class ListenError(Exception):
@@ -110,7 +110,7 @@ class ConnectionGuard:
         # Connections without a request in progress, longest waiting first.
         self._idle: OrderedDict[asyncio.Transport, _Connection] = OrderedDict()
         # Busy connections whose client sent FIN: gone entirely, or only done sending?
-        self._probed: dict[asyncio.Transport, _Connection] = {}
+        self._after_fin: dict[asyncio.Transport, _Connection] = {}
         self._closed = Counter(
             "mtp_proxy_client_connections_closed",
             "Client connections the proxy closed or refused, by cause.",
@@ -178,13 +178,13 @@ class ConnectionGuard:
             return False
         connection.eof_at = asyncio.get_running_loop().time()
         if connection.busy:
-            self._probe(connection)
+            self._ask_with_continue(connection)
         return True
 
     def lost(self, transport: asyncio.Transport) -> None:
         self._open.pop(transport, None)
         self._idle.pop(transport, None)
-        self._probed.pop(transport, None)
+        self._after_fin.pop(transport, None)
 
     def framing_failed(self, transport: asyncio.Transport, inner: asyncio.BaseProtocol) -> None:
         """aiohttp's C parser reports a broken body framing (a malformed chunk) as a new error
@@ -199,7 +199,7 @@ class ConnectionGuard:
             message = str(getattr(error, "message", "broken framing"))
             connection.request.content.set_exception(BadHttpMessage(message))
 
-    def _probe(self, connection: _Connection) -> None:
+    def _ask_with_continue(self, connection: _Connection) -> None:
         """A FIN looks the same whether the client only stopped sending (SHUT_WR) or left.
         An interim `100 Continue` (every HTTP/1.1 client skips 1xx answers) tells them apart:
         a client that left answers it with a reset, and the request is then dropped (a
@@ -207,16 +207,16 @@ class ConnectionGuard:
         request = connection.request
         if request is None or request.version < (1, 1) or request.writer.output_size:
             return  # HTTP/1.0 (no 1xx allowed), or the answer is on its way: writes will tell
-        if connection.transport in self._probed:
+        if connection.transport in self._after_fin:
             return
         connection.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        self._probed[connection.transport] = connection
-        asyncio.get_running_loop().call_later(_PROBE_CHECK_S, self._check_probes)
+        self._after_fin[connection.transport] = connection
+        asyncio.get_running_loop().call_later(_RESET_CHECK_S, self._check_resets)
 
-    def _check_probes(self) -> None:
-        for transport, connection in list(self._probed.items()):
+    def _check_resets(self) -> None:
+        for transport, connection in list(self._after_fin.items()):
             if not connection.busy:
-                del self._probed[transport]
+                del self._after_fin[transport]
                 continue
             sock = transport.get_extra_info("socket")
             error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if sock else 0
@@ -236,7 +236,7 @@ class ConnectionGuard:
         connection.request = request
         self._idle.pop(connection.transport, None)
         if connection.eof_at is not None:  # the FIN came before the handler started
-            self._probe(connection)
+            self._ask_with_continue(connection)
         try:
             yield connection
         finally:
@@ -256,7 +256,7 @@ class ConnectionGuard:
             self.sweep(loop.time())
 
     def sweep(self, now: float) -> None:
-        self._check_probes()
+        self._check_resets()
         for connection in list(self._idle.values()):
             started = connection.first_byte_at
             if started is not None and now - started > self.header_timeout_s:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 
-DEPTH_KEY = "speculative.n_max"
+from proxy.apis import DEPTH_KEY
+
 _PREFIX = b'{"' + DEPTH_KEY.encode() + b'":'
 _EMPTY_REST = re.compile(rb"[ \t\r\n]*}")
 

@@ -8,11 +8,10 @@ with an error event in the stream's own format instead of being silently truncat
 from __future__ import annotations
 
 import json
-from typing import Literal
 
 from aiohttp import web
 
-Dialect = Literal["openai", "anthropic"]
+from proxy.apis import Dialect, dialect_of
 
 _OPENAI_TYPES = {
     400: "invalid_request_error",
@@ -92,7 +91,7 @@ def error_response(
 
 def stream_error_event(api: str, message: str) -> bytes:
     """A terminal SSE event telling a streaming client that the upstream failed mid-stream."""
-    if api == "messages":
+    if dialect_of(api) == "anthropic":
         body = error_body("anthropic", 502, message).decode()
         return f"event: error\ndata: {body}\n\n".encode()
     if api == "responses":

@@ -13,12 +13,12 @@ import aiohttp
 from aiohttp import web
 from structlog.typing import FilteringBoundLogger
 
+from proxy.apis import CLIENT_CLOSED, DEPTH_KEY, Api, dialect_of
 from proxy.ops.request_log import LOGGED, request_logger
-from proxy.routing.features import Api
 from proxy.routing.router import Route
 from proxy.routing.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
 from proxy.serving.admission import QueueRefused
-from proxy.serving.depth_field import DEPTH_KEY, with_depth
+from proxy.serving.depth_field import with_depth
 from proxy.serving.errors import error_response
 from proxy.serving.forward import (
     Relayed,
@@ -34,7 +34,6 @@ from proxy.serving.responses_events import ResponsesEventIndexer
 from proxy.state import ProxyState
 
 _RETRY_AFTER_S = 2.0
-_CLIENT_CLOSED = 499  # nginx's status for a request whose client left before the answer ended
 # Answers without per-request draft counts: acceptance comes from the backend's /metrics.
 _NO_TIMINGS = frozenset({"messages", "responses"})
 
@@ -52,7 +51,7 @@ class Exchange:
     ) -> None:
         self.state, self.request, self.api, self.model = state, request, api, model
         self.raw, self.received = raw, received
-        self.dialect = "anthropic" if api == "messages" else "openai"
+        self.dialect = dialect_of(api)
         self.features = state.router.features(api, model, body, request.headers)
         self.features_model = body.get("model")
         self.sink: StreamTelemetry | None = None
@@ -116,11 +115,11 @@ class Exchange:
     def _excluded(self) -> set[str]:
         """Backends that failed this request, as long as the same process runs there: one
         that restarted since (a new generation) may be tried again."""
-        pool = self.state.backends
+        backends = self.state.backends
         return {
             name
             for name, generation in self.failed.items()
-            if (slot := pool.get(name)) is None or slot.generation == generation
+            if (backend := backends.get(name)) is None or backend.generation == generation
         }
 
     def _may_wait(self, tried: set[str]) -> bool:
@@ -155,7 +154,7 @@ class Exchange:
         except QueueRefused as refused:
             self._refused(429, str(refused))
             return error_response(
-                self.dialect,  # type: ignore[arg-type]
+                self.dialect,
                 429,
                 f"too many requests queued: {refused}",
                 retry_after=refused.retry_after_s,
@@ -170,7 +169,7 @@ class Exchange:
             else f"no backend of model {self.model!r} is ready; retry shortly"
         )
         self._refused(status, message)
-        return error_response(self.dialect, status, message, retry_after=_RETRY_AFTER_S)  # type: ignore[arg-type]
+        return error_response(self.dialect, status, message, retry_after=_RETRY_AFTER_S)
 
     async def _attempt(self, route: Route) -> web.StreamResponse:
         state = self.state
@@ -356,17 +355,17 @@ class Exchange:
             )
             return
         if route is None:
-            self._refused(_CLIENT_CLOSED, message)
+            self._refused(CLIENT_CLOSED, message)
             return
         elapsed = time.perf_counter() - self.received
         stream = self.sink is not None
 
         def record() -> None:
-            self._count(route.profile, route.class_label, _CLIENT_CLOSED)
+            self._count(route.profile, route.class_label, CLIENT_CLOSED)
             self.log.info(
                 "request",
                 **self._where(route),
-                status=_CLIENT_CLOSED,
+                status=CLIENT_CLOSED,
                 stream=stream,
                 duration_s=round(elapsed, 4),
                 error=message,

@@ -16,34 +16,18 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from proxy.apis import Api, dialect_of
 from proxy.ops.request_log import LOGGED, request_logger
-from proxy.routing.features import Api
 from proxy.serving.body import BodyRefused, read_body
-from proxy.serving.errors import Dialect, error_response
+from proxy.serving.errors import error_response
 from proxy.serving.exchange import Exchange
 from proxy.serving.model_names import unknown_model_message
 from proxy.state import STATE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-API_PATHS: dict[str, Api] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/responses": "responses",
-    "/v1/messages": "messages",
-    # llama-server serves these too; routed like their /v1 twins (/completion and /completions
-    # are its native completion API: same prompt, its own answer shape, timings included).
-    "/chat/completions": "chat",
-    "/completions": "completions",
-    "/completion": "completions",
-    "/responses": "responses",
-}
 _TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
-
-
-def dialect_of(api: Api) -> Dialect:
-    return "anthropic" if api == "messages" else "openai"
 
 
 def generation_handler(api: Api) -> Handler:

@@ -8,25 +8,20 @@ import time
 import structlog
 from aiohttp import web
 
-from proxy.serving.errors import Dialect, error_response, reshaped_error_body
-from proxy.serving.handlers import API_PATHS, Handler, answer_and_close, refuse
+from proxy.apis import API_OF_PATH, Dialect, dialect_of_path
+from proxy.serving.errors import error_response, reshaped_error_body
+from proxy.serving.handlers import Handler, answer_and_close, refuse
 from proxy.serving.passthrough import FORWARDED_POST
 from proxy.state import STATE
 
 log = structlog.get_logger("proxy")
 
-# Paths any client may reach without a key: probes and scrapes (the listener is loopback by
+# Paths any client may reach without a key: health checks and scrapes (the listener is loopback by
 # default; put /metrics behind the network, not behind a client key).
 _OPEN_PATHS = frozenset({"/health", "/v1/health", "/metrics"})
 _LINGER_BYTES = 64 * 1024  # refused bodies up to this size are read (and dropped) as usual
 # Forwarded answers whose errors get the called API's envelope, like the generation routes'.
-_RESHAPED_PATHS = frozenset(API_PATHS) | frozenset(FORWARDED_POST)
-
-
-def dialect_for_path(path: str) -> Dialect:
-    trimmed = path.rstrip("/")
-    anthropic = trimmed.endswith("/messages") or trimmed.endswith("/messages/count_tokens")
-    return "anthropic" if anthropic else "openai"
+_RESHAPED_PATHS = frozenset(API_OF_PATH) | frozenset(FORWARDED_POST)
 
 
 def presented_key(request: web.Request) -> str | None:
@@ -55,11 +50,11 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     presented = presented_key(request)
     if presented is None or not key_matches(presented, [k.get_secret_value() for k in keys]):
         message = "invalid or missing API key"
-        api = API_PATHS.get(request.path)
+        api = API_OF_PATH.get(request.path)
         if api is not None:  # a generation request: counted and logged like every other
             response = refuse(request, api, 401, message, received, code="invalid_api_key")
         else:
-            dialect = dialect_for_path(request.path)
+            dialect = dialect_of_path(request.path)
             response = error_response(dialect, 401, message, code="invalid_api_key")
         if _large_unread_body(request):
             # Reading it only to discard it (aiohttp lingers up to 10 s) would let anyone
@@ -76,7 +71,7 @@ def _large_unread_body(request: web.Request) -> bool:
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    dialect = dialect_for_path(request.path)
+    dialect = dialect_of_path(request.path)
     try:
         response = await handler(request)
     except web.HTTPException as exc:

@@ -20,10 +20,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.apis import dialect_of_path
 from proxy.ops.access_log import LOG_FIELDS
 from proxy.ops.metrics import UNROUTED
 from proxy.serving.backends import LiveBackend
-from proxy.serving.errors import Dialect, error_response
+from proxy.serving.errors import error_response
 from proxy.serving.forward import (
     UpstreamUnavailable,
     open_upstream,
@@ -83,10 +84,6 @@ def add_routes(app: web.Application) -> None:
         app.router.add_route(method, path, refuse_state_change)
 
 
-def _dialect(path: str) -> Dialect:
-    return "anthropic" if path.startswith("/v1/messages") else "openai"
-
-
 def _counted(
     handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -120,7 +117,7 @@ async def refuse_state_change(request: web.Request) -> web.StreamResponse:
 @_counted
 async def forward(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    dialect = _dialect(request.path)
+    dialect = dialect_of_path(request.path)
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:

@@ -4,7 +4,7 @@ Classes are the router's own (``proxy.routing.classes``): content kind from the 
 features of the request as sent, context bucket from the prompt-token estimate with the
 chars-per-token ratio calibrated on these very answers (what a warm router uses).
 
-Per repeat, a (setting, class) cell pools its requests: decode tok/s = output tokens / decode
+Per repeat, a (setting, class) cell combines its requests: decode tok/s = output tokens / decode
 seconds, acceptance = accepted / drafted, goodput = output tokens / (prefill + decode) seconds.
 Over repeats: the median and the spread (lowest and highest repeat). Speedup over off is
 paired by repeat (same prompts, same answers). One setting is better than another only when
@@ -19,12 +19,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.apis import API_OF_PATH
 from proxy.config.routing import RoutingSettings
 from proxy.routing.classes import RequestClass, classify
 from proxy.routing.features import RequestFeatures, extract_features
 from proxy.routing.stats import TokenCalibrator
 from proxy.tune.grid import DraftSetting
-from proxy.tune.measure import API_OF_PATH, Measurement
+from proxy.tune.measure import Measurement
 from proxy.tune.workload import Workload
 
 
@@ -124,7 +125,7 @@ def analyse(
         table.classes_of[(m.setting, m.item, m.repeat)] = cls
         groups[(m.setting, cls.label)][m.repeat].append(m)
     off_by_repeat = {
-        (label, r): _pooled(ms)[0]
+        (label, r): _combined(ms)[0]
         for (name, label), by_repeat in groups.items()
         if name == "off"
         for r, ms in by_repeat.items()
@@ -147,7 +148,9 @@ def _features(
     )  # fmt: skip
 
 
-def _pooled(ms: list[Measurement]) -> tuple[float | None, float | None, float | None, float | None]:
+def _combined(
+    ms: list[Measurement],
+) -> tuple[float | None, float | None, float | None, float | None]:
     """(decode tok/s, acceptance, mean prefill s, goodput) of one repeat's requests."""
     timed = [m for m in ms if m.decode_s]
     out = sum(m.output_tokens for m in timed)
@@ -169,12 +172,12 @@ def _cell(
     by_repeat: Mapping[int, list[Measurement]],
     off_by_repeat: Mapping[tuple[str, int], float | None],
 ) -> Cell | None:
-    pooled = {r: _pooled(ms) for r, ms in by_repeat.items()}
-    tok_s = Spread.of(v[0] for v in pooled.values() if v[0] is not None)
+    combined = {r: _combined(ms) for r, ms in by_repeat.items()}
+    tok_s = Spread.of(v[0] for v in combined.values() if v[0] is not None)
     if tok_s is None:
         return None
     ratios = []
-    for r, v in pooled.items():
+    for r, v in combined.items():
         off = off_by_repeat.get((label, r))
         if v[0] is not None and off:
             ratios.append(v[0] / off)
@@ -182,12 +185,12 @@ def _cell(
     return Cell(
         setting=setting,
         label=label,
-        repeats=sum(1 for v in pooled.values() if v[0] is not None),
+        repeats=sum(1 for v in combined.values() if v[0] is not None),
         requests=sum(len(ms) for ms in by_repeat.values()),
         tok_s=tok_s,
-        acceptance=Spread.of(v[1] for v in pooled.values() if v[1] is not None),
-        prefill_s=Spread.of(v[2] for v in pooled.values() if v[2] is not None),
-        goodput=Spread.of(v[3] for v in pooled.values() if v[3] is not None),
+        acceptance=Spread.of(v[1] for v in combined.values() if v[1] is not None),
+        prefill_s=Spread.of(v[2] for v in combined.values() if v[2] is not None),
+        goodput=Spread.of(v[3] for v in combined.values() if v[3] is not None),
         speedup=Spread.of(ratios),
         mode="/".join(sorted(modes)),
     )

@@ -13,12 +13,12 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from proxy.apis import API_OF_PATH
 from proxy.config.settings import ConfigError, ModelSettings, Settings, load_settings
 from proxy.routing.features import extract_features
 from proxy.tune import chart
 from proxy.tune.analysis import analyse
 from proxy.tune.grid import DEFAULT_SPEC_TYPE, DraftSetting, GridError, default_grid, parse_grid
-from proxy.tune.measure import API_OF_PATH
 from proxy.tune.outputs import (
     profiles_toml,
     render_table,
@@ -37,6 +37,7 @@ from proxy.tune.workload import (
     builtin_workload,
     file_workload,
 )
+from supervisor.flags import CTX_SIZE, positive_int
 
 _DEFAULT_CTX = 4096
 _LOAD_GUESS_S = 10.0  # seconds to load a model, for the estimate only
@@ -229,14 +230,7 @@ def _workload(spec: str, model: ModelSettings, settings: Settings) -> Workload:
 
 def _context(model: ModelSettings) -> int:
     """The model's context: -c / --ctx-size of its args."""
-    args = model.args
-    for i, arg in enumerate(args):
-        name, _, value = arg.partition("=")
-        if name in ("-c", "--ctx-size"):
-            value = value or (args[i + 1] if i + 1 < len(args) else "")
-            if value.isdigit() and int(value) > 0:
-                return int(value)
-    return _DEFAULT_CTX
+    return positive_int(model.args, CTX_SIZE) or _DEFAULT_CTX
 
 
 def _mode(text: str) -> Mode:

@@ -14,25 +14,16 @@ from typing import Any
 
 import aiohttp
 
+from proxy.apis import API_OF_PATH, DEPTH_KEY
 from proxy.routing.classes import RequestClass
-from proxy.routing.features import Api
+from proxy.routing.spec_counters import read_spec_counters
 from proxy.routing.telemetry import (
     Observation,
     ParsedUsage,
-    SpecCounters,
     StreamTelemetry,
     make_observation,
-    parse_spec_counters,
 )
 
-DEPTH_FIELD = "speculative.n_max"
-"""The per-request draft depth (a flat top-level key; patches/llama.cpp/README.md)."""
-API_OF_PATH: dict[str, Api] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/responses": "responses",
-    "/v1/messages": "messages",
-}
 _UNCLASSIFIED = RequestClass("", "prose")  # the class is decided later, at analysis
 
 
@@ -125,8 +116,8 @@ async def measure(
     if api is None:
         raise MeasureError(f"unsupported path {path}")
     if depth is not None:
-        body = {**body, DEPTH_FIELD: depth}
-    before = await _spec_counters(session, base_url) if api == "messages" else None
+        body = {**body, DEPTH_KEY: depth}
+    before = await read_spec_counters(session, base_url) if api == "messages" else None
     sink = StreamTelemetry(api)
     sent = time.monotonic()
     async with session.post(base_url + path, json=body) as resp:
@@ -139,7 +130,7 @@ async def measure(
     usage = sink.result(done)
     delta = None
     if before is not None:
-        after = await _spec_counters(session, base_url)
+        after = await read_spec_counters(session, base_url)
         delta = after - before if after is not None else None
     if clock_scale != 1.0:  # clock readings of a time-compressed simulator, as the router does
         usage = _scaled(usage, clock_scale)
@@ -156,13 +147,6 @@ async def measure(
     if not obs.output_tokens:
         raise MeasureError(f"{path}: the answer reported no output tokens")
     return obs
-
-
-async def _spec_counters(session: aiohttp.ClientSession, base_url: str) -> SpecCounters | None:
-    async with session.get(base_url + "/metrics") as resp:
-        if resp.status != 200:
-            return None
-        return parse_spec_counters(await resp.text())
 
 
 def _scaled(usage: ParsedUsage, scale: float) -> ParsedUsage:

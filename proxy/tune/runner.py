@@ -68,7 +68,7 @@ class TuneRun:
         todo = [s for s in grid if self.pending(s)]
         queue = plan_groups(todo, per_request=self.mode != "per-process")
         # A new connection per request: llama-server closes one after an early error answer
-        # (a prompt over the context), and a pooled one would fail the next request.
+        # (a prompt over the context), and a kept-alive one would fail the next request.
         connector = aiohttp.TCPConnector(force_close=True)
         async with aiohttp.ClientSession(
             connector=connector, timeout=_REQUEST_TIMEOUT, trust_env=False

@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proxy.tune.measure import API_OF_PATH
-
-PATHS = tuple(API_OF_PATH)
+PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 """The paths a trace request may take: the four generation APIs' /v1 paths."""
 
 

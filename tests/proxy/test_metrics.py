@@ -19,7 +19,7 @@ from typing import get_args
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.routing.policy import Reason
+from proxy.routing.choice import Reason
 from proxy.serving.connections import CLOSE_CAUSES
 from supervisor.draft_probe import DraftControl
 from supervisor.states import BackendState

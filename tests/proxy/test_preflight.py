@@ -34,10 +34,10 @@ def test_check_config_prints_the_estimate_and_warns(tmp_path: Path) -> None:
         "check-config", str(config), path_dir=fake_nvidia_smi(tmp_path / "bin", 16_000)
     )
     assert result.returncode == 0, result.stderr  # a warning, not an error
-    assert "gpu memory: pool needs ~27.25 GiB" in result.stdout  # 3 x (8 GiB + KV + drafts)
+    assert "gpu memory: the backends need ~27.25 GiB" in result.stdout  # 3 x (8 GiB + KV + drafts)
     assert "free: 15.62 GiB on 1 GPU(s)" in result.stdout
     assert "  tiny/max: ~9.17 GiB (model 8.00 GiB, ctx 8192, draft n_max 3)" in result.stdout
-    assert result.stderr.startswith("warning: backend pool needs ~27.2 GiB")
+    assert result.stderr.startswith("warning: the backends need ~27.2 GiB")
     assert "llama-server will offload layers to the CPU" in result.stderr
 
 

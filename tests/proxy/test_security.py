@@ -135,7 +135,7 @@ async def test_official_sdks_authenticate_with_their_own_headers(locked: ProxyPr
     await wrong.close()
 
 
-async def test_models_need_a_key_but_probes_do_not(locked: ProxyProcess) -> None:
+async def test_models_need_a_key_but_health_checks_do_not(locked: ProxyProcess) -> None:
     async with aiohttp.ClientSession() as session:
         async with session.get(locked.url + "/v1/models") as response:
             assert response.status == 401

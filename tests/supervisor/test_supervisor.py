@@ -87,12 +87,12 @@ async def test_remote_backend_down_at_start_becomes_unhealthy() -> None:
         assert rec.states("r") == [S.STARTING, S.UNHEALTHY]
 
 
-async def test_silence_counts_from_the_last_good_probe_sent_not_from_its_slow_answer() -> None:
+async def test_silence_counts_from_the_last_good_check_sent_not_from_its_slow_answer() -> None:
     """A /health that answers slowly must not delay detection by one interval.
 
-    Probes keep a 1 s cadence from when they are sent; once the backend hangs, each times out
+    Health checks keep a 1 s cadence from when they are sent; once the backend hangs, each times out
     1 s after it was sent. Counted from the last 200's answer (0.4 s late), the silence would
-    be 2.6 s at the probe that ends 3 s after the last good one was sent, short of
+    be 2.6 s at the health check that ends 3 s after the last good one was sent, short of
     unhealthy_after_s, and the backend would turn unhealthy only a full interval later.
     """
     sent: list[float] = []

@@ -126,7 +126,7 @@ async def test_hung_child_is_unhealthy_then_killed_and_replaced() -> None:
         print(
             f"\nSIGSTOP: UNHEALTHY after {detected:.3f}s, replaced and READY after {replaced:.3f}s"
         )
-        # Window: unhealthy_after, plus up to one interval and one probe timeout.
+        # Window: unhealthy_after, plus up to one interval and one health check timeout.
         assert 0.5 <= detected <= 0.5 + 0.1 + 0.25 + 0.5
         assert stopped.t - unhealthy.t >= 0.5  # replace_after_s
         assert "no answer within 0.25s" in unhealthy.reason

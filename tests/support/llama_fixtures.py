@@ -192,7 +192,7 @@ class LlamaServer:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def _probe_health(server: LlamaServer) -> tuple[str, bytes]:
+def _check_health(server: LlamaServer) -> tuple[str, bytes]:
     try:
         status, raw = server.request("GET", "/health", timeout=2.0)
     except (ConnectionError, TimeoutError):
@@ -208,7 +208,7 @@ def _wait_ready(server: LlamaServer, started: float, timeout: float) -> None:
                 f"llama-server exited with {server.process.returncode} while starting:\n"
                 f"{server.log_tail()}"
             )
-        state, raw = _probe_health(server)
+        state, raw = _check_health(server)
         if not server.health_trace or server.health_trace[-1] != state:
             server.health_trace.append(state)
         if state == "503" and server.loading_body is None:

@@ -97,12 +97,12 @@ async def admin_backends(session: aiohttp.ClientSession, proxy: ProxyProcess) ->
 
 
 async def wait_until(
-    probe: Callable[[], Awaitable[T | None]], timeout: float, interval: float = 0.05
+    poll: Callable[[], Awaitable[T | None]], timeout: float, interval: float = 0.05
 ) -> tuple[T, float]:
-    """Poll probe until it returns something; (that value, seconds waited). Fails on timeout."""
+    """Call poll until it returns something; (that value, seconds waited). Fails on timeout."""
     began = time.monotonic()
     while True:
-        value = await probe()
+        value = await poll()
         if value is not None:
             return value, time.monotonic() - began
         if time.monotonic() - began > timeout:
@@ -119,19 +119,19 @@ async def wait_state(
 ) -> tuple[dict[str, Any], float]:
     """Wait until the backend's admin row satisfies predicate; (row, seconds waited)."""
 
-    async def probe() -> dict[str, Any] | None:
+    async def poll() -> dict[str, Any] | None:
         row = (await admin_backends(session, proxy)).get(name)
         return row if row is not None and predicate(row) else None
 
-    return await wait_until(probe, timeout)
+    return await wait_until(poll, timeout)
 
 
 async def all_ready(session: aiohttp.ClientSession, proxy: ProxyProcess, timeout: float) -> None:
-    async def probe() -> bool | None:
+    async def poll() -> bool | None:
         rows = await admin_backends(session, proxy)
         return True if all(r["state"] == "ready" for r in rows.values()) else None
 
-    await wait_until(probe, timeout)
+    await wait_until(poll, timeout)
 
 
 async def chat(

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.config.settings import load_settings
-from proxy.ops.collectors import PoolCollector
+from proxy.ops.collectors import BackendsCollector
 from proxy.ops.metrics import ProxyMetrics
 from proxy.state import ProxyState
 from supervisor.settings import SupervisorSettings
@@ -50,7 +50,7 @@ def exported_metric_names() -> set[str]:
         supervisor=None,
         router=SimpleNamespace(learned_rows=list),
     )
-    registry.register(PoolCollector(cast(ProxyState, empty)))
+    registry.register(BackendsCollector(cast(ProxyState, empty)))
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
     names: set[str] = set()
     for family in registry.collect():

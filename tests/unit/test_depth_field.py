@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from proxy.serving.depth_field import DEPTH_KEY, with_depth
+from proxy.apis import DEPTH_KEY
+from proxy.serving.depth_field import with_depth
 
 BODIES = [
     b'{"model":"m","messages":[{"role":"user","content":"hi"}]}',

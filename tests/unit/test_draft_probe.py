@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import aiohttp
 
-from supervisor.draft_probe import probe_draft_control, speculation_in
+from supervisor.draft_probe import probe_draft_control
+from supervisor.flags import speculation_in
 
 MTP = ("--spec-type", "draft-mtp", "--spec-draft-n-max", "3")
 

@@ -118,7 +118,7 @@ def test_pool_that_does_not_fit_is_explained(tmp_path: Path) -> None:
     result = run_preflight(settings, free_memory=gpus(24))
     assert len(result.warnings) == 1
     warning = result.warnings[0]
-    assert warning.startswith("backend pool needs ~")
+    assert warning.startswith("the backends need ~")
     assert "big/off ~" in warning and "big/max ~" in warning
     assert "only 24.0 GiB is free" in warning
     assert "offload layers to the CPU" in warning
@@ -148,5 +148,5 @@ def test_pinned_backends_are_checked_per_gpu(tmp_path: Path) -> None:
         settings_for(path, profiles=pinned("0", "0", "1")), free_memory=gpus(12, 12, 12)
     )
     assert len(crowded.warnings) == 1  # 36 GiB free in all, but two backends on GPU 0
-    assert crowded.warnings[0].startswith("GPU 0: backend pool needs")
+    assert crowded.warnings[0].startswith("GPU 0: the backends need")
     assert "big/off" in crowded.warnings[0] and "big/max" not in crowded.warnings[0]

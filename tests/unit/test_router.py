@@ -43,11 +43,11 @@ def _sessions_routed(router: Router, prefix: str, n: int) -> list[Route]:
 
 
 def _router(settings: RoutingSettings, slots: int = 2) -> Router:
-    pool = LiveBackends()
+    live = LiveBackends()
     for profile in ("off", "min", "max"):
         spec = BackendSpec(f"m/{profile}", "m", profile, ("x",))
-        pool.update(spec, BackendState.READY, f"http://127.0.0.1:1/{profile}", slots=slots)
-    return Router(settings, pool, rng=random.Random(0))
+        live.update(spec, BackendState.READY, f"http://127.0.0.1:1/{profile}", slots=slots)
+    return Router(settings, live, rng=random.Random(0))
 
 
 def test_slot_caches_follow_llama_servers_lru_slots() -> None:
@@ -161,10 +161,10 @@ def test_seeded_draws_of_a_request_do_not_depend_on_earlier_decisions() -> None:
 
 
 def _one_process_router(settings: RoutingSettings, *, mixed: bool = False) -> Router:
-    pool = LiveBackends()
+    live = LiveBackends()
     spec = BackendSpec("m/one-copy", "m", "one-copy", ("x",))
-    pool.update(spec, BackendState.READY, "http://127.0.0.1:1", slots=4)
-    router = Router(settings, pool, rng=random.Random(0))
+    live.update(spec, BackendState.READY, "http://127.0.0.1:1", slots=4)
+    router = Router(settings, live, rng=random.Random(0))
     router.per_request["m"] = PerRequestModel({"off": 0, "min": 2, "max": 3}, mixed)
     return router
 
@@ -226,23 +226,23 @@ def test_one_process_remembers_its_recent_concurrency() -> None:
 def test_a_request_ran_mixed_if_another_depth_decoded_at_any_time_of_its_run() -> None:
     router = _one_process_router(RoutingSettings())
     backend = router.backends.of_model("m")[0]
-    pool = router.backends
+    live = router.backends
     alone = backend.mix_mark("max")
-    with pool.lease(backend, "max"):
+    with live.lease(backend, "max"):
         same = backend.mix_mark("max")
-        with pool.lease(backend, "max"):
+        with live.lease(backend, "max"):
             pass
     assert not backend.ran_mixed(alone) and not backend.ran_mixed(same)  # one depth throughout
     first = backend.mix_mark("max")
-    with pool.lease(backend, "max"):
+    with live.lease(backend, "max"):
         later = backend.mix_mark("off")
         assert later is None  # starts beside max
-        with pool.lease(backend, "off"):
+        with live.lease(backend, "off"):
             pass
         assert backend.ran_mixed(first)  # off came while it decoded
     assert backend.ran_mixed(later)
     after = backend.mix_mark("off")
-    with pool.lease(backend, "off"):
+    with live.lease(backend, "off"):
         pass
     assert not backend.ran_mixed(after)  # the mix was over before it started
 
@@ -259,13 +259,13 @@ def test_the_single_depth_clock_runs_only_while_the_process_is_busy_at_that_dept
     router = _one_process_router(RoutingSettings())
     backend = router.backends.of_model("m")[0]
     backend.clock = clock = _Clock()
-    pool = router.backends
-    with pool.lease(backend, "max"):
+    live = router.backends
+    with live.lease(backend, "max"):
         clock.now = 5.0  # alone: not busy
-        with pool.lease(backend, "max"):
+        with live.lease(backend, "max"):
             clock.now = 8.0  # two at max
             assert backend.single_depth_seconds("max") == 3.0
-            with pool.lease(backend, "off"):
+            with live.lease(backend, "off"):
                 clock.now = 20.0  # mixed: neither depth's clock runs
             assert backend.single_depth_seconds("off") == 0.0
             clock.now = 21.0
@@ -279,14 +279,14 @@ def test_a_run_at_one_depth_knows_how_many_decoded_beside_it() -> None:
     router = _one_process_router(RoutingSettings())
     backend = router.backends.of_model("m")[0]
     backend.clock = clock = _Clock()
-    pool = router.backends
-    with pool.lease(backend, "max") as run, pool.lease(backend, "max"):
+    live = router.backends
+    with live.lease(backend, "max") as run, live.lease(backend, "max"):
         clock.now = 6.0
-        with pool.lease(backend, "max"), pool.lease(backend, "max"):
+        with live.lease(backend, "max"), live.lease(backend, "max"):
             clock.now = 8.0
         assert run.single_depth_s() == 8.0
         assert run.single_depth_load() == pytest.approx((2 * 6.0 + 4 * 2.0) / 8.0)
-        with pool.lease(backend, "off"):  # mixed: neither clock runs
+        with live.lease(backend, "off"):  # mixed: neither clock runs
             clock.now = 20.0
         assert run.single_depth_load() == pytest.approx(2.5)
     assert run.single_depth_load() == pytest.approx(2.5)
@@ -318,9 +318,9 @@ def test_a_stream_still_processing_its_prompt_decodes_at_no_depth_yet() -> None:
     router = _one_process_router(RoutingSettings())
     backend = router.backends.of_model("m")[0]
     backend.clock = clock = _Clock()
-    pool = router.backends
-    with pool.lease(backend, "max") as one, pool.lease(backend, "max"):
-        with pool.lease(backend, "off", prefill=True) as long_prompt:
+    live = router.backends
+    with live.lease(backend, "max") as one, live.lease(backend, "max"):
+        with live.lease(backend, "off", prefill=True) as long_prompt:
             clock.now = 10.0  # its prompt is processed: max alone decodes
             assert backend.single_depth_seconds("max") == 10.0
             assert not one.ran_mixed and backend.in_flight == 3

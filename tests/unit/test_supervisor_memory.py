@@ -9,7 +9,7 @@ import pytest
 from supervisor.memory import (
     GIB,
     MIB,
-    check_pool_fits,
+    check_backends_fit,
     estimate_vram_bytes,
     free_gpu_bytes,
     query_free_gpu_bytes,
@@ -44,13 +44,13 @@ def test_heuristic_without_shape_grows_with_model_and_context() -> None:
 
 
 def test_pool_that_fits_gives_no_warning() -> None:
-    assert check_pool_fits({"a": 4 * GIB, "b": 4 * GIB}, 12 * GIB) == []
-    assert check_pool_fits({"a": 40 * GIB}, None) == []  # unknown free memory: no guess
+    assert check_backends_fit({"a": 4 * GIB, "b": 4 * GIB}, 12 * GIB) == []
+    assert check_backends_fit({"a": 40 * GIB}, None) == []  # unknown free memory: no guess
 
 
 def test_pool_that_does_not_fit_is_explained() -> None:
     estimates = {"mtp-demo/off": 18 * GIB, "mtp-demo/max": 19 * GIB}
-    warnings = check_pool_fits(estimates, 24 * GIB)
+    warnings = check_backends_fit(estimates, 24 * GIB)
     assert len(warnings) == 1
     message = warnings[0]
     assert "~37.0 GiB" in message and "only 24.0 GiB is free" in message
@@ -58,8 +58,8 @@ def test_pool_that_does_not_fit_is_explained() -> None:
     assert "0.5 GiB headroom" in message
     assert "offload layers to the CPU" in message
     # Within the headroom counts as not fitting too; one backend alone too big is named.
-    assert check_pool_fits({"a": 24 * GIB - 100 * MIB}, 24 * GIB)
-    alone = check_pool_fits({"a": 30 * GIB}, 24 * GIB)
+    assert check_backends_fit({"a": 24 * GIB - 100 * MIB}, 24 * GIB)
+    alone = check_backends_fit({"a": 30 * GIB}, 24 * GIB)
     assert any("backend a alone needs ~30.0 GiB" in w for w in alone)
 
 

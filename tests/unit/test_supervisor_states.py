@@ -18,7 +18,7 @@ S = BackendState
 
 def test_defaults_detect_a_hang_within_15s_and_replace_within_30s() -> None:
     s = SupervisorSettings()
-    # Worst case: the last good answer, then probes every interval, each up to its timeout.
+    # Worst case: the last good answer, then health checks every interval, each up to its timeout.
     assert s.unhealthy_after_s + s.health_interval_s + s.health_timeout_s <= 15
     # Detection, then the wait to replace, then a restart (~1 s for a loaded model's process).
     assert s.unhealthy_after_s + s.health_interval_s + s.health_timeout_s + s.replace_after_s <= 29

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from proxy.apis import Api
 from proxy.routing.classes import RequestClass
-from proxy.routing.features import Api
 from proxy.routing.telemetry import (
     ParsedUsage,
     SpecCounters,

@@ -1,0 +1,60 @@
+"""The wire contract: which path is which API, each API's error dialect, the per-request depth
+key, and the status logged for a client that left.
+
+The error envelopes themselves are built in ``serving.errors``; this module says which one a
+request gets. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from supervisor.draft_probe import DEPTH_KEY
+
+__all__ = [
+    "API_OF_PATH",
+    "CLIENT_CLOSED",
+    "DEPTH_KEY",
+    "Api",
+    "Dialect",
+    "dialect_of",
+    "dialect_of_path",
+]
+
+Api = Literal["chat", "completions", "responses", "messages"]
+Dialect = Literal["openai", "anthropic"]
+
+API_OF_PATH: dict[str, Api] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    # llama-server serves these too; routed like their /v1 twins (/completion and /completions
+    # are its native completion API: same prompt, its own answer shape, timings included).
+    "/chat/completions": "chat",
+    "/completions": "completions",
+    "/completion": "completions",
+    "/responses": "responses",
+}
+"""The generation routes: each path and the API it speaks."""
+
+CLIENT_CLOSED = 499
+"""nginx's status for a request whose client left before its answer ended (logged, never sent)."""
+
+# DEPTH_KEY, the flat top-level body key "speculative.n_max" (an integer, 0 = no drafting for this
+# request), is defined beside the draft-control probe that asks a backend whether it honours it:
+# the supervisor never imports the proxy. The simulator, a program of its own standing for
+# llama-server, spells it again (simulator/depth.py); tests/unit/test_apis.py keeps the two equal.
+
+
+def dialect_of(api: str) -> Dialect:
+    """The error dialect of an API: Anthropic's for Messages, OpenAI's for the others."""
+    return "anthropic" if api == "messages" else "openai"
+
+
+def dialect_of_path(path: str) -> Dialect:
+    """The error dialect of any path a client calls, routed or not: Anthropic's for Messages
+    and its token counter (so a 401, 404 or 405 there reads like Anthropic's), else OpenAI's."""
+    trimmed = path.rstrip("/")
+    anthropic = trimmed.endswith("/messages") or trimmed.endswith("/messages/count_tokens")
+    return "anthropic" if anthropic else "openai"
