@@ -21,8 +21,9 @@ import anthropic
 import openai
 import pytest
 
+from proxy.config.model_names import ModelNameSettings
 from proxy.config.settings import ModelSettings
-from proxy.serving.model_names import ModelCatalog, ModelNameSettings
+from proxy.serving.model_names import ModelCatalog
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,
