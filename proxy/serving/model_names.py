@@ -18,19 +18,7 @@ import fnmatch
 from collections.abc import Sequence
 from typing import Protocol
 
-from pydantic import BaseModel, Field
-
-
-class ModelNameSettings(BaseModel):
-    model_config = {"extra": "forbid"}
-
-    default: str | None = Field(default=None, min_length=1)
-    patterns: dict[str, str] = {}
-
-    def targets(self) -> list[str]:
-        """Every model these settings point at (validated against the configured models)."""
-        named = [self.default] if self.default is not None else []
-        return named + list(self.patterns.values())
+from proxy.config.model_names import ModelNameSettings
 
 
 class NamedModel(Protocol):

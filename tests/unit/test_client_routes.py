@@ -3,8 +3,9 @@ routes clients call: tests/proxy/test_client_routes.py)."""
 
 from __future__ import annotations
 
+from proxy.config.model_names import ModelNameSettings
 from proxy.config.settings import ModelSettings
-from proxy.serving.model_names import ModelCatalog, ModelNameSettings
+from proxy.serving.model_names import ModelCatalog
 
 
 def test_catalog_resolution_order() -> None:
