@@ -16,7 +16,7 @@ Modes:
   hang-after-final      send N chunks and the API's final event, then never end the stream
 
 Whatever the mode, `POST /tokenize` and `GET /props` answer the method and path (with its query)
-they were called with.
+they were called with. `POST /apply-template` behaves as a complete (non-stream) generation.
 """
 
 from __future__ import annotations
@@ -258,6 +258,9 @@ def make_app(behaviour: Behaviour) -> web.Application:
     app.router.add_get("/props", echo_request)
     for path in _APIS:
         app.router.add_post(path, generate)
+    # The chat-template check's route (supervisor/template_check.py): it fails as the mode says,
+    # and "ok" answers a completion without the rendered prompt llama-server would give.
+    app.router.add_post("/apply-template", generate)
     return app
 
 
