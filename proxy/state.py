@@ -62,10 +62,10 @@ class ProxyState:
     bookkeeping: Bookkeeping = field(default_factory=Bookkeeping)
     request_ids: RequestIds = field(default_factory=RequestIds)
     inflating: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    """gzip request bodies inflated at once (proxy.serving.body)."""
     late_system: dict[str, LateSystem | None] = field(default_factory=dict)
     """Each backend's chat-template check, by name (supervisor.template_check), as the
     supervisor last reported it: the request path reads it without asking the supervisor."""
-    """gzip request bodies inflated at once (proxy.serving.body)."""
     session: aiohttp.ClientSession | None = None
     supervisor: Supervisor | None = None
     listening: bool = False  # the listener is up: READY=1 may be sent from now on

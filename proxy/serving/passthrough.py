@@ -129,9 +129,9 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if model is None:
         return error_response(dialect, 404, unknown_model_message(named), code="model_not_found")
     request[LOG_FIELDS] = {"model": model}
+    checked = state.late_system.get  # a token count is mended as its generation would be
     for backend in _candidates(state.backends.ready_of_model(model)):
         request[LOG_FIELDS]["backend"] = backend.name
-        checked = state.late_system.get
         body = counted_body(state.settings.compat, request.path, raw, backend.name, checked)
         try:
             return await _relay(request, backend, body)
