@@ -81,8 +81,15 @@ def run_tune(
 
 
 def results(out: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = json.loads((out / "results.json").read_text())
+    """The table's rows of results.json."""
+    rows: list[dict[str, Any]] = document(out)["rows"]
     return rows
+
+
+def document(out: Path) -> dict[str, Any]:
+    """results.json as a whole: the rows, what was left out and why, failures, the run."""
+    data: dict[str, Any] = json.loads((out / "results.json").read_text())
+    return data
 
 
 def by_class(rows: list[dict[str, Any]], label: str) -> dict[str, dict[str, Any]]:

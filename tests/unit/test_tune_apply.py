@@ -1,0 +1,140 @@
+"""`tune --apply`: the state file the service really reads (a systemd unit's environment beats
+the file), the config rewritten with a backup and its comments kept, a proxy that does not
+overwrite a state file another writer replaced."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from proxy.config.routing import RoutingSettings
+from proxy.config.settings import load_settings
+from proxy.config.state_file import ENV_VAR, Unit, effective_state_file, parse_show
+from proxy.ops.learned_file import LearnedFile
+from proxy.routing.stats import LearnedStats
+from proxy.tune.apply import ApplyError, write_config
+from proxy.tune.grid import OFF, DraftSetting
+from proxy.tune.recommend import Profile, Recommendation
+
+SHOW = """Environment=HOME=/var/lib/mtp-proxy "MTP_PROXY_LOG__FORMAT=json" \
+MTP_PROXY_ROUTING__STATE_FILE=/var/lib/mtp-proxy/learned-stats.json
+ExecStart={ path=/opt/mtp-proxy/venv/bin/mtp-proxy ; argv[]=/opt/mtp-proxy/venv/bin/mtp-proxy \
+serve --config CONFIG ; ignore_errors=no ; start_time=[n/a] ; pid=0 ; code=(null) }
+LoadState=loaded
+ActiveState=active
+MainPID=4242
+"""
+
+CONFIG = """# my box: keep this comment
+[server]
+admin_key = "k"
+
+[routing]
+state_file = "/srv/state.json"  # the file's own
+
+[[models]]
+name = "m"
+backend = "simulator"
+draft_control = "per-request"
+args = ["-np", "1"]
+
+[[models.profiles]]
+name = "off"
+
+[[models.profiles]]
+name = "max"  # the old name
+spec_type = "draft-mtp"
+draft_n_max = 3
+env = { CUDA_VISIBLE_DEVICES = "0" }
+"""
+
+
+def _config(tmp_path: Path, *, pool: bool = True) -> Path:
+    path = tmp_path / "config.toml"
+    text = CONFIG if pool else CONFIG.replace('env = { CUDA_VISIBLE_DEVICES = "0" }\n', "")
+    path.write_text(text.replace("per-request", "per-process") if pool else text)
+    path.chmod(0o640)
+    return path
+
+
+def test_the_units_environment_beats_the_file_the_shells_does_not_then(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    unit = parse_show("mtp-proxy.service", SHOW.replace("CONFIG", str(config)))
+    assert unit is not None and unit.active and unit.main_pid == 4242 and unit.runs(config)
+    shell = {ENV_VAR: "/tmp/shell.json"}
+    found = effective_state_file(config, environ=shell, unit=unit)
+    assert found.path == Path("/var/lib/mtp-proxy/learned-stats.json")
+    assert "environment of mtp-proxy.service" in found.source
+    # No unit runs this config: the shell's environment, as `serve` from this shell would.
+    other = Unit("mtp-proxy.service", {ENV_VAR: "/x.json"}, Path("/etc/other.toml"))
+    assert effective_state_file(config, environ=shell, unit=other).path == Path("/tmp/shell.json")
+    found = effective_state_file(config, environ={}, unit=None)
+    assert found.path == Path("/srv/state.json") and "routing.state_file in" in found.source
+    assert parse_show("x.service", "LoadState=not-found\n") is None
+
+
+def _rec() -> Recommendation:
+    return Recommendation(
+        profiles=[Profile("off", OFF), Profile("n2", DraftSetting(2)),
+                  Profile("n3-m1", DraftSetting(3, 1))],
+        needs={},
+    )  # fmt: skip
+
+
+def test_apply_rewrites_the_profiles_and_roles_keeps_comments_and_a_backup(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    lines = write_config(config, "m", _rec(), tmp_path)
+    text = config.read_text()
+    assert "# my box: keep this comment" in text and '"/srv/state.json"  # the file\'s own' in text
+    data = tomllib.loads(text)
+    profiles = data["models"][0]["profiles"]
+    assert [p["name"] for p in profiles] == ["off", "n2", "n3-m1"]
+    assert profiles[2] == {
+        "name": "n3-m1", "spec_type": "draft-mtp", "draft_n_max": 3, "draft_n_min": 1,
+        "env": {"CUDA_VISIBLE_DEVICES": "0"},  # a pool's new profile gets the old ones' env
+    }  # fmt: skip
+    assert data["routing"]["profile_max"] == "n3-m1" and data["routing"]["profile_min"] == "n2"
+    assert config.stat().st_mode & 0o777 == 0o640
+    backups = list(tmp_path.glob("config.toml.*.bak"))
+    assert len(backups) == 1 and "per-process" in backups[0].read_text()
+    assert str(backups[0]) in lines[0]
+    load_settings(config)  # what the service will load
+
+
+def test_apply_keeps_the_running_processs_start_depth(tmp_path: Path) -> None:
+    config = _config(tmp_path, pool=False)
+    rec = Recommendation(profiles=[Profile("off", OFF), Profile("n2", DraftSetting(2))], needs={})
+    write_config(config, "m", rec, tmp_path, keep_start_depth=3)
+    assert tomllib.loads(config.read_text())["models"][0]["draft_n_max"] == 3
+
+
+def test_apply_writes_nothing_that_would_not_validate(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    with pytest.raises(ApplyError, match="no \\[\\[models\\]\\] entry named 'nope'"):
+        write_config(config, "nope", _rec(), tmp_path)
+    config.write_text(CONFIG.replace('backend = "simulator"', 'backend = "quantum"'))
+    with pytest.raises(ApplyError, match="would not validate"):
+        write_config(config, "m", _rec(), tmp_path)
+    assert "quantum" in config.read_text() and not list(tmp_path.glob("*.bak"))
+
+
+def test_the_proxy_does_not_overwrite_a_state_file_another_writer_replaced(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.json"
+    routing = RoutingSettings()
+    mine = LearnedFile(path)
+    stats = mine.load(routing)  # missing: starts empty
+    assert mine.save(stats.dumps())  # the proxy's own file: written
+    assert not mine.replaced()
+    LearnedStats(routing).save(path)  # another writer (tune --apply) replaces it
+    assert mine.replaced()
+    before = path.read_bytes()
+    assert not mine.save(b'{"version": 1, "cells": []}')  # kept as the other writer left it
+    assert path.read_bytes() == before
+    mine.load(routing)  # the reload reads it: the proxy's own again
+    assert not mine.replaced() and mine.save(stats.dumps())
