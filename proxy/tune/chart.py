@@ -22,15 +22,13 @@ from typing import Any
 from proxy.tune.labels import file_part
 
 _COLOURS = {
-    "best": "#2a9d55",
-    "faster than off": "#8cc9a0",
+    "faster than off": "#2a9d55",
     "within spread of off": "#9aa7b8",
     "one repeat: no spread": "#c9cfd8",
     "slower than off": "#d9825b",
     "off": "#5b6b80",
 }
 _LEGEND = {
-    "best": "best of the class (highest median)",
     "faster than off": "faster than off beyond the spread",
     "within spread of off": "within the spread of off",
     "one repeat: no spread": "one repeat: no spread to judge",
@@ -56,20 +54,21 @@ SUMMARY = "chart-summary.png"
 
 
 def category(row: dict[str, Any]) -> str:
-    """The colour a bar gets: the strongest word of its verdict."""
+    """The colour a bar gets: how its verdict compares it with off."""
     if row["setting_name"] == "off":
         return "off"
-    for word in ("best", "faster than off", "slower than off", "one repeat: no spread"):
+    for word in ("faster than off", "slower than off", "one repeat: no spread"):
         if word in row["verdict"]:
             return word
     return "within spread of off"
 
 
 def bar_label(row: dict[str, Any]) -> str:
-    """What is written on a bar: the paired speedup over off."""
+    """What is written on a bar: the paired speedup over off; "best" on the class's best."""
+    best = "\nbest" if row["verdict"].startswith("best") else ""
     if row["setting_name"] == "off":
-        return "off"
-    return "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+        return "off" + best
+    return ("-" if row["speedup"] is None else f"{row['speedup']:.2f}x") + best
 
 
 def write_charts(out: Path, rows: list[dict[str, Any]], model: str) -> list[Path]:
@@ -130,15 +129,24 @@ def _class_chart(plt: Any, cells: list[dict[str, Any]], model: str) -> Any:
     ax.set_ylim(0, top * 1.18)
     ax.set_ylabel("decode tok/s (median over the repeats)")
     ax.set_title(f"{model}: {cells[0]['class_words']}", fontsize=11)
-    fig.text(
-        0.5, 0.01,
-        "bars: median decode tok/s; on each bar: speedup over off, paired by repeat on the "
-        "same requests (the table's figure; not the ratio of the bars)",
-        ha="center", fontsize=7.5, color="#333333",
-    )  # fmt: skip
+    _footnote(
+        fig,
+        "bars: median decode tok/s over the repeats; on each bar: the speedup over off, paired by "
+        "repeat on the same requests (the table's figure, which is not the ratio of the bars); "
+        "best: the highest median of the class",
+    )
     ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
+
+
+def _footnote(fig: Any, text: str) -> None:
+    """A note under the chart, wrapped to the figure's width."""
+    import textwrap
+
+    width = int(fig.get_figwidth() * 100 / 5.2)  # characters of 7.5 pt that fit the width
+    fig.text(0.01, 0.01, textwrap.fill(text, width), ha="left", va="bottom", fontsize=7.5,
+             color="#333333")  # fmt: skip
 
 
 def best_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -164,7 +172,7 @@ def _summary_chart(plt: Any, rows: list[dict[str, Any]], model: str) -> Any:
         values.append(speedup)
         lo.append(max(speedup - spread["lo"], 0.0))
         hi.append(max(spread["hi"] - speedup, 0.0))
-        kinds.append(category({**row, "verdict": row["verdict"].replace("best, ", "")}))
+        kinds.append(category(row))
     fig, ax = plt.subplots(figsize=(max(7.0, 1.05 * len(best) + 3.5), 4.8), dpi=100)
     x = list(range(len(best)))
     ax.bar(x, values, color=[_COLOURS[k] for k in kinds], edgecolor="#333333", linewidth=0.4)
@@ -186,12 +194,12 @@ def _summary_chart(plt: Any, rows: list[dict[str, Any]], model: str) -> Any:
     ax.set_ylim(0, max(top * 1.25, 1.2))
     ax.set_ylabel("speedup over off (paired, median)")
     ax.set_title(f"{model}: the best setting of each request class", fontsize=11)
-    fig.text(
-        0.5, 0.01,
-        "bar: the class's best setting (highest median tok/s, as in the table); height and "
-        "figure: its speedup over off, paired by repeat on the same requests",
-        ha="center", fontsize=7.5, color="#333333",
-    )  # fmt: skip
+    _footnote(
+        fig,
+        "one bar per request class: its best setting (highest median tok/s, as in the table); "
+        "height and figure: that setting's speedup over off, paired by repeat on the same "
+        "requests",
+    )
     ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig

@@ -20,8 +20,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import aiohttp
+
+from proxy.config.routing import RoutingSettings
 from proxy.routing.telemetry import Observation
 from proxy.tune import texts
+from proxy.tune.measure import MeasureError
 from proxy.tune.workload import CHAT, WorkItem
 
 _DECODE_TOKENS = 64
@@ -82,10 +86,13 @@ def warm_up_items(n_ctx: int, chars_per_token: float, model: str) -> list[WorkIt
 
 
 async def warm_up(send: Send, items: list[WorkItem], start_s: float = 0.0) -> Speeds:
-    """Send the warm-up requests; the speeds they show."""
+    """Send the warm-up requests; the speeds they show (WarmUpError when they fail)."""
     decode_item, prefill_item = items
-    decode = await send(decode_item, "tune warm-up decode")
-    prefill = await send(prefill_item, "tune warm-up prefill")
+    try:
+        decode = await send(decode_item, "tune warm-up decode")
+        prefill = await send(prefill_item, "tune warm-up prefill")
+    except (MeasureError, aiohttp.ClientError, TimeoutError) as exc:
+        raise WarmUpError(f"the warm-up failed: {exc}") from None
     decode_speed = decode.decode_tok_s
     tokens = prefill.prefill_tokens
     if not decode_speed or not prefill.prefill_s or not tokens:
@@ -94,6 +101,11 @@ async def warm_up(send: Send, items: list[WorkItem], start_s: float = 0.0) -> Sp
             f"{prefill.prefill_s} s for {tokens} tokens)"
         )
     return Speeds(tokens / prefill.prefill_s, decode_speed, start_s)
+
+
+def priors(routing: RoutingSettings, start_s: float = 0.0) -> Speeds:
+    """The [routing] priors, when the warm-up could not measure."""
+    return Speeds(routing.prior_prefill_tok_s, routing.prior_decode_tok_s, start_s)
 
 
 def wall_s(model_s: float, clock_scale: float) -> float:

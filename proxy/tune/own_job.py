@@ -15,7 +15,7 @@ import aiohttp
 from proxy.config.settings import ModelSettings, Settings
 from proxy.routing.telemetry import Observation
 from proxy.tune.context import ContextError, read_context
-from proxy.tune.estimate import Speeds, warm_up, warm_up_items
+from proxy.tune.estimate import Speeds, WarmUpError, priors, warm_up, warm_up_items
 from proxy.tune.job import Job
 from proxy.tune.measure import measure
 from proxy.tune.record import Recorder
@@ -80,7 +80,11 @@ class OwnProcesses:
         job = self.job
         base_url = child.base_url
         assert base_url is not None
-        async with aiohttp.ClientSession(timeout=_TIMEOUT, trust_env=False) as session:
+        # A new connection per request: llama-server closes one after an early error answer.
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=_TIMEOUT, trust_env=False
+        ) as session:
             if job.workload is None:
                 try:
                     server = await read_context(session, base_url)
@@ -101,8 +105,11 @@ class OwnProcesses:
                 return answer.observation
 
             if job.speeds is None:
-                speeds = await warm_up(send, warm_up_items(n_ctx, ratio, job.model), took)
-                source = "measured by a warm-up on the first backend"
+                try:
+                    speeds = await warm_up(send, warm_up_items(n_ctx, ratio, job.model), took)
+                    source = "measured by a warm-up on the first backend"
+                except WarmUpError as exc:
+                    speeds, source = priors(job.routing, took), f"{exc}; [routing] priors"
             else:
                 speeds, source = replace(job.speeds, start_s=took), "the previous run's warm-up"
         job.save_speeds(speeds)

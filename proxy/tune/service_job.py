@@ -14,7 +14,7 @@ import aiohttp
 
 from proxy.routing.telemetry import Observation
 from proxy.tune.context import ContextError, read_context
-from proxy.tune.estimate import Speeds, warm_up, warm_up_items
+from proxy.tune.estimate import Speeds, WarmUpError, priors, warm_up, warm_up_items
 from proxy.tune.grid import OFF, DraftSetting
 from proxy.tune.job import Job, JobError
 from proxy.tune.measure import measure
@@ -45,9 +45,12 @@ class ThroughService:
                 raise JobError(f"through {url}: {exc}") from None
             job.open_store(job.build_workload(server), server)
             if job.speeds is None:
-                speeds = await self._warm_up(session)
+                try:
+                    speeds = await self._warm_up(session)
+                    source = "measured by a warm-up through the service"
+                except WarmUpError as exc:
+                    speeds, source = priors(job.routing), f"{exc}; [routing] priors"
                 job.save_speeds(speeds)
-                source = "measured by a warm-up through the service"
             else:
                 speeds, source = job.speeds, "the previous run's warm-up"
         processes = (

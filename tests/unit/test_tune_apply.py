@@ -1,6 +1,7 @@
 """`tune --apply`: the state file the service really reads (a systemd unit's environment beats
 the file), the config rewritten with a backup and its comments kept, a proxy that does not
-overwrite a state file another writer replaced."""
+overwrite a state file another writer replaced; and tune's own processes refused where the
+service's model already occupies the GPU."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from pathlib import Path
 import pytest
 
 from proxy.config.routing import RoutingSettings
-from proxy.config.settings import load_settings
+from proxy.config.settings import Settings, load_settings
 from proxy.config.state_file import ENV_VAR, Unit, effective_state_file, parse_show
 from proxy.ops.learned_file import LearnedFile
 from proxy.routing.stats import LearnedStats
 from proxy.tune.apply import ApplyError, write_config
 from proxy.tune.grid import OFF, DraftSetting
+from proxy.tune.guard import second_copy_refusal
 from proxy.tune.recommend import Profile, Recommendation
+from supervisor.memory import GIB
+from tests.support.fake_gpu import sparse
 
 SHOW = """Environment=HOME=/var/lib/mtp-proxy "MTP_PROXY_LOG__FORMAT=json" \
 MTP_PROXY_ROUTING__STATE_FILE=/var/lib/mtp-proxy/learned-stats.json
@@ -138,3 +142,44 @@ def test_the_proxy_does_not_overwrite_a_state_file_another_writer_replaced(
     assert path.read_bytes() == before
     mine.load(routing)  # the reload reads it: the proxy's own again
     assert not mine.replaced() and mine.save(stats.dumps())
+
+
+def _gpu_settings(model_path: Path, *, env: dict[str, str] | None = None) -> Settings:
+    profile: dict[str, object] = {"name": "off"}
+    if env:
+        profile["env"] = env
+    return Settings(
+        server={"port": 8080},
+        models=[
+            {
+                "name": "big",
+                "backend": "llama-server",
+                "draft_control": "per-process",
+                "model_path": str(model_path),
+                "args": ["-c", "8192"],
+                "profiles": [profile],
+            }
+        ],
+    )
+
+
+def test_no_second_copy_of_the_weights_on_the_gpu_the_service_uses(tmp_path: Path) -> None:
+    settings = _gpu_settings(
+        sparse(tmp_path / "m.gguf", 16 * GIB), env={"CUDA_VISIBLE_DEVICES": "0"}
+    )
+    model = settings.models[0]
+    serving = {"status": "ok", "ready_backends": {"big": 1}}
+    refusal = second_copy_refusal(
+        settings, model, health=lambda host, port: serving, free_memory=lambda: [int(7 * GIB)]
+    )
+    assert refusal is not None
+    assert "the service at http://127.0.0.1:8080 is running and serves big on GPU 0" in refusal
+    assert "second copy of the weights" in refusal and "7.00 GiB free now" in refusal
+    assert "mtp-proxy tune --url http://127.0.0.1:8080 --admin-key KEY" in refusal
+    # Nothing answers at the service's address: the box is tune's.
+    assert second_copy_refusal(settings, model, health=lambda h, p: None) is None
+    # The service serves nothing on that GPU (another model), or the model runs on the CPU.
+    other = {"status": "ok", "ready_backends": {"small": 1}}
+    assert second_copy_refusal(settings, model, health=lambda h, p: other) is None
+    cpu = _gpu_settings(sparse(tmp_path / "c.gguf", GIB), env={"CUDA_VISIBLE_DEVICES": ""})
+    assert second_copy_refusal(cpu, cpu.models[0], health=lambda h, p: serving) is None

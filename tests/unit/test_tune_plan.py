@@ -5,6 +5,10 @@ profile for a figure at or below off and recommends nothing over off without a s
 
 from __future__ import annotations
 
+import io
+
+import pytest
+
 from proxy.config.routing import RoutingSettings
 from proxy.tune.analysis import Cell, Spread, Table, analyse, paired_ratios
 from proxy.tune.chart import chart_name
@@ -14,6 +18,7 @@ from proxy.tune.grid import OFF, DraftSetting
 from proxy.tune.labels import class_words, file_part
 from proxy.tune.measure import Measurement
 from proxy.tune.outputs import RunReport, profiles_toml, rows, verdict
+from proxy.tune.progress import Progress
 from proxy.tune.recommend import recommend
 from proxy.tune.service import ServedModel
 from proxy.tune.workload import builtin_workload, fit_workload
@@ -214,3 +219,23 @@ def test_a_running_process_serves_the_depths_of_its_own_n_min_and_p_min_only() -
         "off": ("off", None), "n3": ("max", None),
     }  # fmt: skip
     assert "only their settings are served" in refused["n2"]
+
+
+def test_the_time_left_follows_the_measured_pace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """10 requests planned at 10 s each and two backend starts at 5 s: the run measures twice
+    as slowly as planned (long prompts prefill slower than the warm-up's), so the time left
+    doubles for the requests; a start costs what the starts took."""
+    now = [1000.0]
+    monkeypatch.setattr("proxy.tune.progress.time.monotonic", lambda: now[0])
+    stream = io.StringIO()
+    progress = Progress(10, 100.0, stream, starts=2, start_s=5.0)
+    assert progress.eta_s() == 110.0  # the plan: 100 s of requests and two 5 s starts
+    now[0] += 8.0
+    progress.started(8.0)  # one start took 8 s (the mean with the warm-up's: 6.5 s)
+    for _ in range(2):
+        now[0] += 20.0
+        progress.tick("r", 10.0)
+    assert progress.eta_s() == pytest.approx(80.0 * 2 + 6.5)
+    progress.skip(10.0)  # a request of a given-up class: never sent
+    assert progress.total == 9 and progress.eta_s() == pytest.approx(70.0 * 2 + 6.5)
+    assert "left ~2m46s" in stream.getvalue()  # printed with each request (not a terminal)
