@@ -20,6 +20,7 @@ A run whose recommendation is provisional is not applied: it recommends nothing 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -137,19 +138,35 @@ def _validate(text: str, config: Path) -> None:
 
 
 def _replace(path: Path, text: str) -> None:
-    """Atomically, keeping the file's mode."""
-    mode = path.stat().st_mode & 0o7777
+    """Atomically, keeping the file's mode and owners (the service reads it as its own user)."""
+    before = path.stat()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, mode)
+        _own(Path(tmp), _owner_of(before))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+Owner = tuple[int, int, int]  # mode, uid, gid
+
+
+def _owner_of(info: os.stat_result) -> Owner:
+    return (info.st_mode & 0o7777, info.st_uid, info.st_gid)
+
+
+def _own(path: Path, owner: Owner) -> None:
+    """Give ``path`` a mode and owners (the owners only where allowed: as root)."""
+    mode, uid, gid = owner
+    os.chmod(path, mode)
+    if (uid, gid) != (os.geteuid(), os.getegid()):
+        with contextlib.suppress(PermissionError):  # not root: then the file is ours anyway
+            os.chown(path, uid, gid)
 
 
 def write_state(
@@ -166,7 +183,12 @@ def write_state(
     base = LearnedStats.load(where.path, routing)
     stats: LearnedStats = seed(base)
     try:
+        # The service reads and rewrites it as its own user: the old file's owners and mode
+        # (or, for a new one, its folder's owners: systemd's StateDirectory).
+        owner = _state_owner(where.path)
         stats.save(where.path)
+        if owner is not None:
+            _own(where.path, owner)
     except OSError as exc:
         return [
             f"cannot write {where.path} ({exc.strerror}); install the seeded state with: sudo "
@@ -175,17 +197,39 @@ def write_state(
     return [f"state file: {where.path} ({where.source}) seeded; before: {base.load_report}"], True
 
 
+def _state_owner(path: Path) -> Owner | None:
+    """The state file's mode and owners; for a new one, its folder's owners (None: unknown)."""
+    try:
+        return _owner_of(path.stat())
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    try:
+        folder = path.parent.stat()
+    except OSError:
+        return None
+    group = 0o040 if folder.st_mode & 0o050 else 0  # group-readable where the folder is
+    return (0o600 | group, folder.st_uid, folder.st_gid)
+
+
 def reload_service(pid: int | None, unit: Unit | None) -> tuple[list[str], int | None]:
-    """Ask the service to reload; the lines saying so, and the pid signalled (None: not done)."""
-    if unit is not None and unit.active and (pid is None or pid == unit.main_pid):
-        line = f"sudo systemctl reload {unit.name.removesuffix('.service')}"
-        return [f"the service runs under systemd: reload it with `{line}`"], None
+    """Ask the service to reload (SIGHUP, as the unit's ExecReload does); the lines saying so,
+    and the pid signalled (None: not done)."""
+    under_unit = unit is not None and unit.active and unit.main_pid is not None
+    if pid is None and under_unit:
+        assert unit is not None
+        pid = unit.main_pid
     if pid is None:
         return ["the service is not running: it starts with the applied config and state"], None
     try:
         os.kill(pid, signal.SIGHUP)
     except PermissionError:
-        return [f"not allowed to signal the service (pid {pid}): sudo kill -HUP {pid}"], None
+        if under_unit and unit is not None and unit.main_pid == pid:
+            line = f"sudo systemctl reload {unit.name.removesuffix('.service')}"
+        else:
+            line = f"sudo kill -HUP {pid}"
+        return [f"not allowed to signal the service (pid {pid}): reload it with `{line}`"], None
     except ProcessLookupError:
         return [f"the service (pid {pid}) is gone: it starts with the applied config"], None
     return [f"reload asked of the service (SIGHUP to pid {pid})"], pid

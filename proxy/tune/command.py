@@ -221,7 +221,8 @@ async def _apply_own(
     args: argparse.Namespace, job: Job, outcome: Outcome, settings: Settings
 ) -> int:
     config: Path = args.apply
-    unit = read_unit()
+    found = read_unit()
+    unit = found if found is not None and found.runs(config) else None  # a unit of this config
     where = effective_state_file(config, unit=unit)
     pid, url = None, None
     if running_service(settings.server.host, settings.server.port) is not None:
@@ -305,8 +306,10 @@ async def _apply_service(
             f"{config}: it is not reloaded (apply to its own file to change what it serves)"
         )
         pid = None
+    found = read_unit()
+    unit = found if found is not None and found.main_pid == info.pid else None  # its own unit
     return await _apply(
-        job, outcome, config, where, pid, read_unit(), url=info.url, admin_key=admin_key,
+        job, outcome, config, where, pid, unit, url=info.url, admin_key=admin_key,
         keep_start_depth=start_depth,
     )  # fmt: skip
 

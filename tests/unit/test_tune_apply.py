@@ -5,6 +5,7 @@ service's model already occupies the GPU."""
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 
@@ -12,10 +13,10 @@ import pytest
 
 from proxy.config.routing import RoutingSettings
 from proxy.config.settings import Settings, load_settings
-from proxy.config.state_file import ENV_VAR, Unit, effective_state_file, parse_show
+from proxy.config.state_file import ENV_VAR, StateFile, Unit, effective_state_file, parse_show
 from proxy.ops.learned_file import LearnedFile
 from proxy.routing.stats import LearnedStats
-from proxy.tune.apply import ApplyError, write_config
+from proxy.tune.apply import ApplyError, write_config, write_state
 from proxy.tune.grid import OFF, DraftSetting
 from proxy.tune.guard import second_copy_refusal
 from proxy.tune.recommend import Profile, Recommendation
@@ -183,3 +184,32 @@ def test_no_second_copy_of_the_weights_on_the_gpu_the_service_uses(tmp_path: Pat
     assert second_copy_refusal(settings, model, health=lambda h, p: other) is None
     cpu = _gpu_settings(sparse(tmp_path / "c.gguf", GIB), env={"CUDA_VISIBLE_DEVICES": ""})
     assert second_copy_refusal(cpu, cpu.models[0], health=lambda h, p: serving) is None
+
+
+def test_applied_files_keep_the_owners_the_service_reads_them_as(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run as root (sudo) on /etc/mtp-proxy and /var/lib/mtp-proxy: the new config keeps its
+    owners and mode, and the state file those of the old one, or its folder's (the service's
+    own user) for a new one; otherwise the service could no longer read them."""
+    config = _config(tmp_path)
+    mine = (os.geteuid(), os.getegid())
+    monkeypatch.setattr("proxy.tune.apply.os.geteuid", lambda: mine[0] + 1)  # as if root
+    chowned: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(
+        "proxy.tune.apply.os.chown",
+        lambda path, uid, gid: chowned.append((Path(path).name, uid, gid)),
+    )
+    write_config(config, "m", _rec(), tmp_path)
+    assert chowned and chowned[0][1:] == mine  # the temp file, renamed onto the config
+    assert config.stat().st_mode & 0o777 == 0o640
+    chowned.clear()
+    state = tmp_path / "state" / "learned.json"
+    state.parent.mkdir()
+    state.parent.chmod(0o750)
+    lines, written = write_state(
+        StateFile(state, "test"), lambda base: base, RoutingSettings(), tmp_path
+    )
+    assert written, lines
+    assert chowned == [("learned.json", *mine)]
+    assert state.stat().st_mode & 0o777 == 0o640  # group-readable, as its folder
