@@ -52,6 +52,8 @@ class ServedModel:
     profiles: list[dict[str, Any]]
     processes: dict[str, dict[str, Any]]  # backend name -> its draft flags
     backends: list[str]
+    single_profile: str | None = None
+    draft_control: str | None = None  # what its backends' probe found ("ignored": stock)
 
     def spec_type(self) -> str:
         types = [p["spec_type"] for p in self.profiles if p.get("spec_type")]
@@ -71,7 +73,17 @@ class ServedModel:
 
     def _route(self, setting: DraftSetting) -> tuple[Route | None, str]:
         if self.shape == "one-process":
+            if self.draft_control in ("ignored", "none") and not setting.is_off:
+                return None, (
+                    f"the service's process ignores the per-request depth (its probe says "
+                    f"{self.draft_control!r}): every request would draft at its start-up depth"
+                )
             return self._depth_route(setting)
+        if self.shape == "single":
+            single = next((p for p in self.profiles if p["name"] == self.single_profile), None)
+            if single is not None and _setting_of(single) == setting:
+                return Route(single["name"], None), ""
+            return None, f"the service runs {self.name} as one process at {self.single_profile}"
         for profile in self.profiles:  # a pool: each profile is a process of its own setting
             if _setting_of(profile) == setting:
                 return Route(profile["name"], None), ""
@@ -164,8 +176,10 @@ async def read_service(
     session: aiohttp.ClientSession, url: str, admin_key: str | None
 ) -> ServiceInfo:
     data = await admin_get(session, url, "/admin/service", admin_key)
+    rows = (await admin_get(session, url, "/admin/backends", admin_key)).get("backends", [])
+    probed = {row.get("name"): row.get("draft_control") for row in rows if isinstance(row, dict)}
     try:
-        models = [_served(row) for row in data["models"]]
+        models = [_served(row, probed) for row in data["models"]]
         return ServiceInfo(
             url=url,
             pid=int(data["pid"]),
@@ -180,8 +194,10 @@ async def read_service(
         raise ServiceError(f"{url}/admin/service: not what tune expects ({exc!r})") from None
 
 
-def _served(row: Mapping[str, Any]) -> ServedModel:
+def _served(row: Mapping[str, Any], probed: Mapping[Any, Any]) -> ServedModel:
     plan = row.get("plan") or {}
+    # "ignored" and "none" sort before "per-request": the worst that a backend of it reported.
+    controls = sorted({str(c) for b in row.get("backends", []) if (c := probed.get(b)) is not None})
     return ServedModel(
         name=row["name"],
         backend=row["backend"],
@@ -192,6 +208,8 @@ def _served(row: Mapping[str, Any]) -> ServedModel:
         profiles=[dict(p) for p in row["profiles"]],
         processes={k: dict(v) for k, v in (plan.get("processes") or {}).items()},
         backends=list(row.get("backends", [])),
+        single_profile=plan.get("single_profile"),
+        draft_control=controls[0] if controls else None,
     )
 
 

@@ -6,6 +6,7 @@ profile for a figure at or below off and recommends nothing over off without a s
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import pytest
 
@@ -239,3 +240,20 @@ def test_the_time_left_follows_the_measured_pace(monkeypatch: pytest.MonkeyPatch
     progress.skip(10.0)  # a request of a given-up class: never sent
     assert progress.total == 9 and progress.eta_s() == pytest.approx(70.0 * 2 + 6.5)
     assert "left ~2m46s" in stream.getvalue()  # printed with each request (not a terminal)
+
+
+def test_a_process_that_ignores_the_depth_or_a_single_process_serves_its_own_setting() -> None:
+    profiles = [
+        {"name": "off", "depth": 0, "spec_type": None, "n_max": None, "n_min": None, "p_min": None},
+        {"name": "max", "depth": 3, "spec_type": "draft-mtp", "n_max": 3, "n_min": None,
+         "p_min": None},
+    ]  # fmt: skip
+    process = {"spec_type": "draft-mtp", "n_max": 3, "n_min": None, "p_min": None}
+    stock = replace(_served("one-process", profiles, process), draft_control="ignored")
+    routes, refused = stock.routes([OFF, N2, N3])
+    assert [s.name for s in routes] == ["off"]
+    assert "ignores the per-request depth" in refused["n3"]
+    single = replace(_served("single", profiles, process), single_profile="max")
+    routes, refused = single.routes([OFF, N3])
+    assert {s.name: r.pin for s, r in routes.items()} == {"n3": "max"}
+    assert refused["off"] == "the service runs m as one process at max"
