@@ -129,24 +129,24 @@ def _class_chart(plt: Any, cells: list[dict[str, Any]], model: str) -> Any:
     ax.set_ylim(0, top * 1.18)
     ax.set_ylabel("decode tok/s (median over the repeats)")
     ax.set_title(f"{model}: {cells[0]['class_words']}", fontsize=11)
-    _footnote(
-        fig,
+    note = (
         "bars: median decode tok/s over the repeats; on each bar: the speedup over off, paired by "
         "repeat on the same requests (the table's figure, which is not the ratio of the bars); "
-        "best: the highest median of the class",
+        "best: the highest median of the class"
     )
-    ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    return fig
+    return _finished(fig, ax, handles, note)
 
 
-def _footnote(fig: Any, text: str) -> None:
-    """A note under the chart, wrapped to the figure's width."""
+def _finished(fig: Any, ax: Any, handles: list[Any], note: str) -> Any:
+    """The legend right of the chart, and the note under it, wrapped to the figure's width."""
     import textwrap
 
     width = int(fig.get_figwidth() * 100 / 5.2)  # characters of 7.5 pt that fit the width
-    fig.text(0.01, 0.01, textwrap.fill(text, width), ha="left", va="bottom", fontsize=7.5,
+    fig.text(0.01, 0.01, textwrap.fill(note, width), ha="left", va="bottom", fontsize=7.5,
              color="#333333")  # fmt: skip
+    ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
 
 
 def best_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -194,12 +194,9 @@ def _summary_chart(plt: Any, rows: list[dict[str, Any]], model: str) -> Any:
     ax.set_ylim(0, max(top * 1.25, 1.2))
     ax.set_ylabel("speedup over off (paired, median)")
     ax.set_title(f"{model}: the best setting of each request class", fontsize=11)
-    _footnote(
-        fig,
+    note = (
         "one bar per request class: its best setting (highest median tok/s, as in the table); "
         "height and figure: that setting's speedup over off, paired by repeat on the same "
-        "requests",
+        "requests"
     )
-    ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    return fig
+    return _finished(fig, ax, handles, note)

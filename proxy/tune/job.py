@@ -11,9 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.apis import API_OF_PATH
 from proxy.config.routing import RoutingSettings
-from proxy.routing.features import extract_features
 from proxy.tune.context import ServerContext
 from proxy.tune.estimate import Speeds, wall_s
 from proxy.tune.grid import DraftSetting
@@ -21,13 +19,7 @@ from proxy.tune.plan import Plan
 from proxy.tune.progress import Progress
 from proxy.tune.record import Recorder
 from proxy.tune.store import ResultStore
-from proxy.tune.workload import (
-    OUTPUT_CAP,
-    Workload,
-    builtin_workload,
-    file_workload,
-    fit_workload,
-)
+from proxy.tune.workload import Workload, builtin_workload, file_workload, fit_workload, size_of
 
 DEFAULT_CTX = 4096  # neither -c nor the server says: the built-in workload's sizing only
 
@@ -145,19 +137,8 @@ class Job:
         ratios = self.server.chars_per_token if self.server else {}
         out = {}
         for item in self.workload.items:
-            body = item.request("tune 0.0")
-            api = API_OF_PATH[item.path]
-            kind = extract_features(
-                api, body, chars_per_token=1.0, session_header=None, pin_header=None
-            ).kind
-            f = extract_features(
-                api,
-                body,
-                chars_per_token=ratios.get(kind, self.routing.chars_per_token),
-                session_header=None,
-                pin_header=None,
-            )
-            out[item.id] = speeds.request_s(f.est_prompt_tokens, f.max_tokens or OUTPUT_CAP)
+            size = size_of(item, ratios)
+            out[item.id] = speeds.request_s(size.prompt_tokens, size.output_tokens)
         return out
 
     def start_recorder(

@@ -160,31 +160,43 @@ def _sized(
     return _chat(f"prose-{tokens}", model, f"Report\n\n{report}\n\n{ask}", _OUTPUTS["prose"])
 
 
+@dataclass(frozen=True)
+class Size:
+    """A request in the server's tokens (estimated from its characters per token)."""
+
+    kind: ContentKind
+    prompt_tokens: int
+    output_tokens: int
+
+
+def size_of(item: WorkItem, chars_per_token: Mapping[str, float]) -> Size:
+    """The router's features of the request as sent, with the tokenizer's ratio of its kind."""
+    body = item.request("tune 0.0")
+    api = API_OF_PATH[item.path]
+    kind = extract_features(
+        api, body, chars_per_token=1.0, session_header=None, pin_header=None
+    ).kind  # the content kind does not depend on the ratio; the token estimate does
+    ratio = {**_CHARS_PER_TOKEN, **chars_per_token}[kind]
+    f = extract_features(api, body, chars_per_token=ratio, session_header=None, pin_header=None)
+    return Size(kind, f.est_prompt_tokens, f.max_tokens or OUTPUT_CAP)
+
+
 def fit_workload(
     workload: Workload, routing: RoutingSettings, server: ServerContext | None
 ) -> Workload:
     """Each request's planned class, in the server's tokens where known; a request whose prompt
     and output cannot fit one slot's context is left out, with the reason."""
-    ratios = {**_CHARS_PER_TOKEN, **(server.chars_per_token if server else {})}
+    ratios = server.chars_per_token if server else {}
     kept: list[WorkItem] = []
     classes: dict[str, str] = {}
     left = list(workload.left_out)
     for item in workload.items:
-        body = item.request("tune 0.0")
-        api = API_OF_PATH[item.path]
-        kind = extract_features(
-            api, body, chars_per_token=1.0, session_header=None, pin_header=None
-        ).kind
-        features = extract_features(
-            api, body, chars_per_token=ratios[kind], session_header=None, pin_header=None
-        )
-        label = classify_tokens(features.est_prompt_tokens, kind, routing).label
-        need = features.est_prompt_tokens + (features.max_tokens or OUTPUT_CAP)
-        if server is not None and need > server.n_ctx:
+        size = size_of(item, ratios)
+        label = classify_tokens(size.prompt_tokens, size.kind, routing).label
+        if server is not None and size.prompt_tokens + size.output_tokens > server.n_ctx:
             reason = (
-                f"needs ~{features.est_prompt_tokens:,} prompt tokens + "
-                f"{features.max_tokens or OUTPUT_CAP} out; the server's context is "
-                f"{server.n_ctx:,} tokens per slot"
+                f"needs ~{size.prompt_tokens:,} prompt tokens + {size.output_tokens} out; the "
+                f"server's context is {server.n_ctx:,} tokens per slot"
             )
             left.append(LeftOut(label, item.id, reason))
             continue

@@ -9,9 +9,6 @@ followed by the reload that makes the service route `learned` from its first req
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 import tomllib
@@ -29,7 +26,15 @@ from tests.support.harness import ADMIN_KEY, ProxyProcess, running_proxy, wait_a
 from tests.support.llama_fixtures import patched_llama_server_binary
 from tests.support.llama_pool import FAST_SUPERVISOR, MODEL, identity_model, llama_model
 from tests.support.tinygguf import Mtp, Qwen35Config, write_qwen35
-from tests.support.tune_helpers import by_class, document, profiles, results, run_tune, write_config
+from tests.support.tune_helpers import (
+    by_class,
+    document,
+    profiles,
+    results,
+    run_tune,
+    run_tune_url,
+    write_config,
+)
 
 pytestmark = pytest.mark.llama
 
@@ -48,13 +53,20 @@ ONE_PROCESS_PROFILES: list[dict[str, Any]] = [
 ]
 
 
-def test_tune_runs_end_to_end_one_process_per_setting(tmp_path: Path) -> None:
+def _tiny_config(tmp_path: Path, ctx: int, *, patched: bool = True) -> Path:
+    """A config of the tiny identity-MTP model (profile off only: tune brings the settings)."""
     model = llama_model(
         identity_model(tmp_path / "models"),
         profiles=[{"name": "off"}],
-        args=["-c", "2048", "-np", "1", "-t", "1"],
+        args=["-c", str(ctx), "-np", "1", "-t", "1"],
     )
-    config = write_config(tmp_path, {"supervisor": FAST_SUPERVISOR, "models": [model]})
+    if patched:
+        model["binary"] = patched_llama_server_binary()
+    return write_config(tmp_path, {"supervisor": FAST_SUPERVISOR, "models": [model]})
+
+
+def test_tune_runs_end_to_end_one_process_per_setting(tmp_path: Path) -> None:
+    config = _tiny_config(tmp_path, 2048, patched=False)
     out = tmp_path / "out"
     done = run_tune(
         config, out, "--settings", "off,1,2/1", "--repeats", "2", "--mode", "per-process",
@@ -85,13 +97,7 @@ def test_tune_runs_end_to_end_one_process_per_setting(tmp_path: Path) -> None:
 def test_tune_on_the_patched_build_varies_the_depth_in_one_process(tmp_path: Path) -> None:
     """The patched llama-server honours "speculative.n_max": the probe says so, and auto mode
     measures off, n_max 1 and n_max 2 as depths of one process started at n_max 2."""
-    model = llama_model(
-        identity_model(tmp_path / "models"),
-        profiles=[{"name": "off"}],
-        args=["-c", "2048", "-np", "1", "-t", "1"],
-    )
-    model["binary"] = patched_llama_server_binary()
-    config = write_config(tmp_path, {"supervisor": FAST_SUPERVISOR, "models": [model]})
+    config = _tiny_config(tmp_path, 2048)
     out = tmp_path / "out"
     done = run_tune(config, out, "--settings", "off,1,2", "--repeats", "2", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -114,13 +120,7 @@ def test_a_config_context_the_server_cannot_hold(tmp_path: Path) -> None:
     reads that from /props before sizing: what fits is measured, the eight classes that cannot
     fit are named with the reason (summary, results.json, profiles.toml), no request is sent to
     fail, and the exit code says the plan is incomplete."""
-    model = llama_model(
-        identity_model(tmp_path / "models"),
-        profiles=[{"name": "off"}],
-        args=["-c", "100000", "-np", "1", "-t", "1"],
-    )
-    model["binary"] = patched_llama_server_binary()
-    config = write_config(tmp_path, {"supervisor": FAST_SUPERVISOR, "models": [model]})
+    config = _tiny_config(tmp_path, 100_000)
     out = tmp_path / "out"
     done = run_tune(config, out, "--settings", "off,1", "--repeats", "1", timeout=600)
     assert done.returncode == 3, done.stderr[-3000:]
@@ -219,15 +219,6 @@ def _backend(proxy: ProxyProcess) -> dict[str, Any]:
     return rows[0]
 
 
-def _tune_url(proxy: ProxyProcess, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [
-        sys.executable, "-m", "proxy.cli", "tune", "--url", proxy.url, "--admin-key", ADMIN_KEY,
-        "--out", str(out), *args,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env)
-
-
 def test_tune_through_a_running_service_while_another_client_sends(tmp_path: Path) -> None:
     """--url: measured on the service's own process (no second copy, nothing restarted), the
     depth per request, n_min 1 listed as not measurable there; the other client is served
@@ -240,7 +231,9 @@ def test_tune_through_a_running_service_while_another_client_sends(tmp_path: Pat
         with Traffic(proxy.url) as traffic:
             while not traffic.statuses:  # the other client is under way before tune starts
                 time.sleep(0.05)
-            done = _tune_url(proxy, tmp_path / "out", "--settings", "off,2,3/1", "--repeats", "2")
+            done = run_tune_url(
+                proxy.url, ADMIN_KEY, tmp_path / "out", "--settings", "off,2,3/1", "--repeats", "2"
+            )
         after = _backend(proxy)
     assert done.returncode in (0, 3), done.stderr[-3000:]
     assert "processes: none started: the service's one-process" in done.stderr
@@ -287,8 +280,8 @@ def test_apply_writes_the_service_config_and_state_and_the_reload_routes_learned
         wait_all_ready(proxy, {MODEL: 1}, timeout=60)
         before = _backend(proxy)
         config_file = tmp_path / "proxy" / "config.toml"
-        done = _tune_url(
-            proxy, tmp_path / "out", "--settings", "off,2", "--repeats", "3",
+        done = run_tune_url(
+            proxy.url, ADMIN_KEY, tmp_path / "out", "--settings", "off,2", "--repeats", "3",
             "--apply", str(config_file),
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

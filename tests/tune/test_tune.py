@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from tests.support.tune_helpers import (
     best,
     by_class,
     document,
+    first_decision,
     profiles,
     results,
     run_tune,
@@ -153,17 +153,6 @@ def prose_collapse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _first_decision(proxy_url: str) -> tuple[str, str]:
-    body = {"messages": [{"role": "user", "content": "Hi! How are you today?"}], "max_tokens": 64}
-    request = urllib.request.Request(
-        proxy_url + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return response.headers["X-MTP-Profile"], response.headers["X-MTP-Route-Reason"]
-
-
 @pytest.mark.parametrize("shape", ["per-process", "per-request"])
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_seeded_state_changes_the_first_decision(
@@ -194,7 +183,7 @@ def test_seeded_state_changes_the_first_decision(
     }
     with running_proxy(proxy_config([model], routing=routing), tmp_path / "proxy") as proxy:
         wait_all_ready(proxy, {"mtp-demo": 2 if shape == "per-process" else 1})
-        profile, reason = _first_decision(proxy.url)
+        profile, reason = first_decision(proxy.url)
     if warm:
         assert (profile, reason.split(" ")[0]) == ("off", "learned"), reason
     else:  # the cold rule: a short chat goes to max, which n3 plays

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import tomllib
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,14 @@ from tests.support.harness import (
     simulator_model,
     wait_all_ready,
 )
-from tests.support.tune_helpers import document, run_tune, sim_config, write_config
+from tests.support.tune_helpers import (
+    document,
+    first_decision,
+    run_tune,
+    run_tune_url,
+    sim_config,
+    write_config,
+)
 
 GIB = 1 << 30
 
@@ -89,26 +95,6 @@ def test_refuses_a_second_copy_on_the_gpu_the_running_service_uses(
     assert not out.exists()  # nothing started, nothing measured
 
 
-def _tune_url(proxy: ProxyProcess, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [
-        sys.executable, "-m", "proxy.cli", "tune", "--url", proxy.url, "--admin-key", ADMIN_KEY,
-        "--out", str(out), *args,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
-
-
-def _first_decision(url: str) -> tuple[str, str]:
-    body = {"messages": [{"role": "user", "content": "Hi! How are you today?"}], "max_tokens": 16}
-    request = urllib.request.Request(
-        url + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return response.headers["X-MTP-Profile"], response.headers["X-MTP-Route-Reason"]
-
-
 def _admin(proxy: ProxyProcess, path: str) -> Any:
     status, body = proxy.get_json(path, admin_key=ADMIN_KEY)
     assert status == 200, body
@@ -137,12 +123,12 @@ def test_url_then_apply_seeds_the_state_the_service_reads_and_reloads_it(tmp_pat
         wait_all_ready(proxy, {"mtp-demo": 1})
         before = _admin(proxy, "/admin/backends")["backends"][0]
         config_file = tmp_path / "proxy" / "config.toml"
-        done = _tune_url(
-            proxy, tmp_path / "out", "--settings", "off,1,3,4,3/1", "--repeats", "2",
+        done = run_tune_url(
+            proxy.url, ADMIN_KEY, tmp_path / "out", "--settings", "off,1,3,4,3/1", "--repeats", "2",
             "--apply", str(config_file),
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-        profile, reason = _first_decision(proxy.url)
+        profile, reason = first_decision(proxy.url)
         after = _admin(proxy, "/admin/backends")["backends"][0]
         service = _admin(proxy, "/admin/service")
     assert "n4: n_max 4 is deeper than the running process (3)" in done.stderr

@@ -192,21 +192,24 @@ def test_roles_go_to_the_deepest_and_the_next() -> None:
     assert rec.roles() == {"profile_off": "off", "profile_max": "n3-m1", "profile_min": "n2"}
 
 
-def _served(shape: str, profiles: list[dict[str, object]], process: dict[str, object]):
+# What /admin/service says of a model served off / max (n_max 3), its process started at 3.
+PROFILES: list[dict[str, object]] = [
+    {"name": "off", "depth": 0, "spec_type": None, "n_max": None, "n_min": None, "p_min": None},
+    {"name": "max", "depth": 3, "spec_type": "draft-mtp", "n_max": 3, "n_min": None,
+     "p_min": None},
+]  # fmt: skip
+PROCESS: dict[str, object] = {"spec_type": "draft-mtp", "n_max": 3, "n_min": None, "p_min": None}
+
+
+def _served(shape: str) -> ServedModel:
     return ServedModel(
         name="m", backend="llama-server", context=100_000, shape=shape, decided=True,
-        start_depth=3, profiles=profiles, processes={"m/one-copy": process}, backends=["m/x"],
+        start_depth=3, profiles=PROFILES, processes={"m/one-copy": PROCESS}, backends=["m/x"],
     )  # fmt: skip
 
 
 def test_a_running_process_serves_the_depths_of_its_own_n_min_and_p_min_only() -> None:
-    profiles = [
-        {"name": "off", "depth": 0, "spec_type": None, "n_max": None, "n_min": None, "p_min": None},
-        {"name": "max", "depth": 3, "spec_type": "draft-mtp", "n_max": 3, "n_min": None,
-         "p_min": None},
-    ]  # fmt: skip
-    process = {"spec_type": "draft-mtp", "n_max": 3, "n_min": None, "p_min": None}
-    model = _served("one-process", profiles, process)
+    model = _served("one-process")
     routes, refused = model.routes([OFF, N2, N3, N4, N3M1, DraftSetting(2, None, 0.5)])
     assert {s.name: (r.pin, r.depth) for s, r in routes.items()} == {
         "off": ("off", 0), "n2": ("max", 2), "n3": ("max", 3),
@@ -214,7 +217,7 @@ def test_a_running_process_serves_the_depths_of_its_own_n_min_and_p_min_only() -
     assert "deeper than the running process (3)" in refused["n4"]
     assert "needs n_min 1 / p_min unset" in refused["n3-m1"]
     assert "only n_max is per request" in refused["n2-p0.5"]
-    pool = _served("pool", profiles, process)
+    pool = _served("pool")
     routes, refused = pool.routes([OFF, N2, N3])
     assert {s.name: (r.pin, r.depth) for s, r in routes.items()} == {
         "off": ("off", None), "n3": ("max", None),
@@ -243,17 +246,11 @@ def test_the_time_left_follows_the_measured_pace(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_process_that_ignores_the_depth_or_a_single_process_serves_its_own_setting() -> None:
-    profiles = [
-        {"name": "off", "depth": 0, "spec_type": None, "n_max": None, "n_min": None, "p_min": None},
-        {"name": "max", "depth": 3, "spec_type": "draft-mtp", "n_max": 3, "n_min": None,
-         "p_min": None},
-    ]  # fmt: skip
-    process = {"spec_type": "draft-mtp", "n_max": 3, "n_min": None, "p_min": None}
-    stock = replace(_served("one-process", profiles, process), draft_control="ignored")
+    stock = replace(_served("one-process"), draft_control="ignored")
     routes, refused = stock.routes([OFF, N2, N3])
     assert [s.name for s in routes] == ["off"]
     assert "ignores the per-request depth" in refused["n3"]
-    single = replace(_served("single", profiles, process), single_profile="max")
+    single = replace(_served("single"), single_profile="max")
     routes, refused = single.routes([OFF, N3])
     assert {s.name: r.pin for s, r in routes.items()} == {"n3": "max"}
     assert refused["off"] == "the service runs m as one process at max"
