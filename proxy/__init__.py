@@ -10,6 +10,7 @@ Start-up (``mtp-proxy serve``) and the life of the process:
 - ``config.settings``: the TOML file and MTP_PROXY_* overrides -> Settings (server, models, log).
 - ``config.routing``: the ``[routing]`` section: the routing brain's thresholds and priors.
 - ``config.model_names``: the ``[model_names]`` section: names clients send -> models.
+- ``config.state_file``: which routing state file a service reads, and where that comes from.
 - ``config.reference``: every setting's reference, rendered from the schema (docs/configuration.md).
 - ``config.__main__``: ``python -m proxy.config`` prints that reference.
 - ``ops.logs``: structlog JSON lines (a console renderer on a tty), credentials redacted.
@@ -22,6 +23,7 @@ Start-up (``mtp-proxy serve``) and the life of the process:
 - ``plans.auto``: auto's keep-or-fall-back once a backend's draft-control probe answered.
 - ``ops.sdnotify``: systemd's READY, RELOADING and STOPPING.
 - ``ops.reload``: SIGHUP re-reads the configuration file and applies its models.
+- ``ops.learned_file``: the state file as the proxy last read or wrote it; others' writes kept.
 - ``ops.drain``: graceful shutdown: the requests in flight finish before the backends stop.
 
 A request, in the order it is served:
@@ -65,22 +67,36 @@ A request, in the order it is served:
 
 Beside the requests:
 - ``ops.collectors``: metrics read at scrape time: backends, queues, what was learned.
-- ``ops.admin``: the /admin endpoints: backends, restarting one, the routing table.
+- ``ops.admin``: the /admin endpoints: backends, restarting one, the routing table, the service.
 - ``ops.status``: ``mtp-proxy status``: a running proxy's backends and routing, as tables.
 
 ``mtp-proxy tune``, measuring draft settings on this machine:
-- ``tune.command``: the command line and the run from start to end.
+- ``tune.command``: the command line, and the run from start to end in either way.
 - ``tune.grid``: candidate draft settings: the default grid and the user's syntax.
-- ``tune.workload``: what is replayed: the built-in workload or a trace file.
+- ``tune.service``: the running service: what it runs, its load, whether it runs.
+- ``tune.guard``: refuses a second copy of the weights on the GPU the service uses.
+- ``tune.context``: the server's real context per slot and its tokenizer, read first.
+- ``tune.workload``: what is replayed, sized to that context; what does not fit, and why.
 - ``tune.trace``: the trace file format (JSON lines), shared with ``bench.routing``.
 - ``tune.texts``: the text builders of the workloads: code, prose, agent turns.
+- ``tune.job``: a run's shared steps: workload, store, plan, recorder.
+- ``tune.plan``: the plan printed before anything is measured, and its estimate.
+- ``tune.estimate``: the warm-up that measures this backend's speed for the estimate.
+- ``tune.own_job``: a run on tune's own processes (the service stopped).
 - ``tune.runner``: replays the workload under each setting, one process at a time.
 - ``tune.launch``: one backend process for one setting, run by the supervisor's Child.
+- ``tune.service_job``: a run through the running service, and its reload after --apply.
+- ``tune.service_run``: replays the workload through the service, pinned, depth per request.
+- ``tune.record``: one request from sending to the store: measured, failed, or given up.
 - ``tune.measure``: one measured request, read as the router reads an answer.
+- ``tune.failures``: failures per class and reason; classes given up after their first repeat.
 - ``tune.store``: measured results on disk, so a rerun resumes.
-- ``tune.progress``: the estimate before the run, and its progress.
-- ``tune.analysis``: measurements -> median and spread per setting and request class.
-- ``tune.recommend``: the fewest settings that capture the gain, as profiles.
+- ``tune.progress``: the bar and the time left, corrected as the run goes.
+- ``tune.analysis``: measurements -> median and spread per setting, class and load level.
+- ``tune.recommend``: the fewest settings that capture the gain, as profiles named by setting.
+- ``tune.labels``: request classes in words, and in file names.
+- ``tune.summary``: the end of a run: the outputs, the gaps, the exit code.
 - ``tune.outputs``: the table (text, CSV, JSON), profiles.toml and the state file.
-- ``tune.chart``: one PNG per request class.
+- ``tune.chart``: one PNG per request class and a summary, readable alone.
+- ``tune.apply``: --apply: the config, the state file in force, the reload.
 """

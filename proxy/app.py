@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -27,13 +28,14 @@ from proxy.ops import admin, sdnotify
 from proxy.ops.access_log import access_log_middleware
 from proxy.ops.collectors import BackendsCollector
 from proxy.ops.drain import REQUESTS, RequestCount, count_requests, drain
+from proxy.ops.learned_file import LearnedFile
 from proxy.ops.metrics import ProxyMetrics
 from proxy.ops.reload import Reloader
 from proxy.plans.adopt import apply_plans, register_backends
 from proxy.plans.auto import on_ready, on_replaced
 from proxy.plans.plan import describe_plan, plans_of
 from proxy.routing.router import Router
-from proxy.routing.stats import LearnedStats, write_atomic
+from proxy.routing.stats import LearnedStats
 from proxy.serving import handlers, passthrough
 from proxy.serving.admission import Admission
 from proxy.serving.backends import LiveBackends
@@ -62,18 +64,21 @@ _BACKLOG = 4096
 def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Application:
     server = settings.server
     backends = LiveBackends()
+    state_file = settings.routing.state_file
+    learned_file = None if state_file is None else LearnedFile(state_file)
     state = ProxyState(
         settings=settings,
         registry=registry,
         metrics=ProxyMetrics(registry),
         backends=backends,
         models=ModelCatalog(settings.models, settings.model_names),
-        router=Router(settings.routing, backends, _load_stats(settings.routing)),
+        router=Router(settings.routing, backends, _load_stats(settings.routing, learned_file)),
         admission=Admission(server.max_queue, server.queue_timeout_s),
         timeouts=Timeouts(
             server.connect_timeout_s, server.first_byte_timeout_s, server.idle_timeout_s
         ),
         plans=plans_of(settings),
+        learned_file=learned_file,
     )
     apply_plans(state)
     app = web.Application(
@@ -100,11 +105,11 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
     return app
 
 
-def _load_stats(settings: RoutingSettings) -> LearnedStats:
+def _load_stats(settings: RoutingSettings, learned_file: LearnedFile | None) -> LearnedStats:
     # Read once at start-up, before the loop serves anything (the file is small).
-    if settings.state_file is None:
+    if learned_file is None:
         return LearnedStats(settings)
-    return LearnedStats.load(settings.state_file, settings)
+    return learned_file.load(settings)
 
 
 def _add_routes(app: web.Application) -> None:
@@ -222,15 +227,15 @@ async def _every_interval(state: ProxyState) -> None:
 
 
 async def _save_stats(state: ProxyState) -> None:
-    path = state.settings.routing.state_file
-    if path is None:
+    learned_file = state.learned_file
+    if learned_file is None:
         return
     state.bookkeeping.flush()
     data = state.router.stats.dumps()  # on the loop: consistent with the requests around it
     try:
-        await asyncio.get_running_loop().run_in_executor(None, write_atomic, path, data)
+        await asyncio.get_running_loop().run_in_executor(None, learned_file.save, data)
     except OSError as exc:
-        log.warning("stats_save_failed", path=str(path), error=str(exc))
+        log.warning("stats_save_failed", path=str(learned_file.path), error=str(exc))
 
 
 async def serve(
@@ -271,6 +276,9 @@ async def _serve_on(
         keepalive_timeout=settings.server.keepalive_timeout_s,
         auto_decompress=False,  # bodies are inflated by proxy.serving.body, after the key check
     )
+    # Absolute, as /admin/service shows it (no file access: one getcwd, before any request).
+    absolute = None if config_path is None else os.path.abspath(config_path)  # noqa: ASYNC240
+    app[STATE].config_path = None if absolute is None else Path(absolute)
     reloader = Reloader(app[STATE], config_path)
     stop = asyncio.Event()
     # Handled from the start: a SIGTERM or SIGHUP while the backends spawn (before the listener

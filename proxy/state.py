@@ -7,6 +7,7 @@ import itertools
 import secrets
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import structlog
@@ -16,6 +17,7 @@ from structlog.typing import FilteringBoundLogger
 
 from proxy.config.settings import Settings
 from proxy.ops.bookkeeping import Bookkeeping
+from proxy.ops.learned_file import LearnedFile
 from proxy.ops.metrics import ProxyMetrics
 from proxy.plans.plan import ModelPlan
 from proxy.routing.router import Router
@@ -68,6 +70,9 @@ class ProxyState:
     supervisor last reported it: the request path reads it without asking the supervisor."""
     session: aiohttp.ClientSession | None = None
     supervisor: Supervisor | None = None
+    config_path: Path | None = None  # the file a reload re-reads (None: the embedded default)
+    learned_file: LearnedFile | None = None
+    """routing.state_file as the proxy last read or wrote it (None: no state file)."""
     listening: bool = False  # the listener is up: READY=1 may be sent from now on
     notified_ready: bool = False
     # Bound once (logging is configured before the app is made): building a logger from
