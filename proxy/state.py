@@ -16,6 +16,7 @@ from structlog.typing import FilteringBoundLogger
 
 from proxy.config.settings import Settings
 from proxy.ops.bookkeeping import Bookkeeping
+from proxy.ops.fail_fast import StartupWatch
 from proxy.ops.metrics import ProxyMetrics
 from proxy.plans.plan import ModelPlan
 from proxy.routing.router import Router
@@ -66,6 +67,8 @@ class ProxyState:
     supervisor: Supervisor | None = None
     listening: bool = False  # the listener is up: READY=1 may be sent from now on
     notified_ready: bool = False
+    startup: StartupWatch = field(default_factory=StartupWatch)
+    """Models ready once since start-up, and the first that cannot start (proxy.ops.fail_fast)."""
     # Bound once (logging is configured before the app is made): building a logger from
     # structlog's configuration for every request took ~70 us on a cold path.
     request_log: FilteringBoundLogger = field(
