@@ -14,7 +14,12 @@ import structlog
 from pydantic import SecretStr
 
 from proxy.config.settings import Settings
-from proxy.ops.check_config import backends_or_exit, check_config, load_or_exit
+from proxy.ops.check_config import (
+    apply_service_environment,
+    backends_or_exit,
+    check_config,
+    load_or_exit,
+)
 
 _SIGPIPE_STATUS = 141  # 128 + SIGPIPE: what `cat` and friends report when the reader left
 
@@ -109,6 +114,7 @@ def _status(args: argparse.Namespace) -> int:
 
     url, key = args.url, args.admin_key
     if args.config is not None:
+        apply_service_environment(args.config)  # the port the service listens on, say
         settings = load_or_exit(args.config)
         host = settings.server.host
         host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104 - a wildcard

@@ -45,10 +45,7 @@ def check_config(path: Path, unit: Path | None = None) -> int:
     """Print the summary of `path` (exit status 0), or its problems (exit 2). `unit`: the
     systemd unit whose environment applies (default: the installed one, if it runs `path`)."""
     variables = environment_variables(os.environ)
-    service = _service_variables(path, unit)
-    for variable in service.values():
-        os.environ[variable.name] = variable.value  # as the service will see it
-    variables.update(service)
+    variables.update(apply_service_environment(path, unit))
     settings = load_or_exit(path)
     problems, warnings = model_file_problems(settings)
     plans = plans_of(settings)
@@ -112,14 +109,19 @@ def backends_or_exit(
     return backend_specs(settings, plans)
 
 
-def _service_variables(path: Path, unit: Path | None) -> dict[str, Variable]:
-    """The unit's MTP_PROXY_* variables when it runs `path` (or when named explicitly)."""
-    if unit is not None:
-        return unit_variables(unit)
-    runs = unit_config_file(UNIT)
-    if runs is None or not _same_file(runs, path):
-        return {}
-    return unit_variables(UNIT)
+def apply_service_environment(path: Path, unit: Path | None = None) -> dict[str, Variable]:
+    """Set this process's environment as the service's will be when the installed unit runs
+    `path` (or `unit`, when named): its MTP_PROXY_* variables. Returns them. For the short-lived
+    commands that read a config as the service will (check-config, status)."""
+    if unit is None:
+        runs = unit_config_file(UNIT)
+        if runs is None or not _same_file(runs, path):
+            return {}
+        unit = UNIT
+    found = unit_variables(unit)
+    for variable in found.values():
+        os.environ[variable.name] = variable.value
+    return found
 
 
 def _same_file(one: Path, other: Path) -> bool:
