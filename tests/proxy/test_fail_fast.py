@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 from bench.processes import spawn_proxy
 from tests.support.harness import (
@@ -120,3 +121,28 @@ def backend_row(proxy: ProxyProcess) -> dict[str, object]:
     rows = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)[1]["backends"]
     (row,) = rows
     return dict(row)
+
+
+def test_a_reload_adding_a_model_that_never_starts_keeps_the_proxy(tmp_path: Path) -> None:
+    """After start-up, giving up on a model is the supervisor's business, as before: the proxy
+    that serves the others stays."""
+    good = simulator_model(profiles=[{"name": "off"}], draft_control="per-request")
+    config = proxy_config([good], supervisor=FAST_FAIL)
+    with running_proxy(config, tmp_path) as proxy:
+        wait_all_ready(proxy, {"mtp-demo": 1})
+        broken = simulator_model(
+            "broken", preset="no-such-preset", profiles=[{"name": "off"}],
+            draft_control="per-request",
+        )  # fmt: skip
+        (tmp_path / "config.toml").write_text(tomli_w.dumps({**config, "models": [good, broken]}))
+        proxy.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while not any(
+            line.get("backend") == "broken/one-copy" and line.get("to") == "failed"
+            for line in proxy.log_lines()
+        ):
+            assert time.monotonic() < deadline, proxy.tail()
+            time.sleep(0.05)
+        assert proxy.process.poll() is None, proxy.tail()
+        assert proxy.get_json("/health")[0] == 503  # broken has no ready backend
+        assert "model_cannot_start" not in events(proxy)
