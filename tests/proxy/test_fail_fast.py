@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -146,3 +148,39 @@ def test_a_reload_adding_a_model_that_never_starts_keeps_the_proxy(tmp_path: Pat
         assert proxy.process.poll() is None, proxy.tail()
         assert proxy.get_json("/health")[0] == 503  # broken has no ready backend
         assert "model_cannot_start" not in events(proxy)
+
+
+def test_a_failed_backends_cause_shows_in_admin_and_status(tmp_path: Path) -> None:
+    """A backend given up on while the proxy serves (here a model a reload added) shows its
+    cause in plain words in /admin/backends and `mtp-proxy status`."""
+    fake = tmp_path / "llama-server"  # says what llama-server says of a flag it does not know
+    fake.write_text("#!/bin/sh\necho 'error: invalid argument: --nope' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    good = simulator_model(profiles=[{"name": "off"}], draft_control="per-request")
+    config = proxy_config([good], supervisor=FAST_FAIL)
+    with running_proxy(config, tmp_path) as proxy:
+        wait_all_ready(proxy, {"mtp-demo": 1})
+        bad = {
+            "name": "bad", "binary": str(fake), "model_path": str(tmp_path / "m.gguf"),
+            "draft_control": "per-request", "profiles": [{"name": "off"}],
+        }  # fmt: skip
+        (tmp_path / "config.toml").write_text(tomli_w.dumps({**config, "models": [good, bad]}))
+        proxy.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while (row := rows(proxy).get("bad/one-copy", {})).get("state") != "failed":
+            assert time.monotonic() < deadline, proxy.tail()
+            time.sleep(0.05)
+        status = subprocess.run(
+            [sys.executable, "-m", "proxy.cli", "status", "--url", proxy.url,
+             "--admin-key", ADMIN_KEY],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+    assert row["cause"] == "llama-server does not know the flag --nope"
+    assert status.returncode == 0, status.stderr
+    (line,) = [x for x in status.stdout.splitlines() if x.startswith("bad/one-copy")]
+    assert "llama-server does not know the flag --nope" in line
+
+
+def rows(proxy: ProxyProcess) -> dict[str, dict[str, object]]:
+    backends = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)[1]["backends"]
+    return {str(row["name"]): dict(row) for row in backends}
