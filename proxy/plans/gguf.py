@@ -4,18 +4,17 @@ Read with the `gguf` package (llama.cpp's own reader), never by hand. Its reader
 view of every element of every array: on a 250k-token vocabulary (Qwen3.5/3.6) that took 17.6 s
 and 850 MB here. The arrays (the vocabulary, the merges) are not needed, so `_MetadataReader`
 steps over them (0.2 s, 45 MB on the same file); should a future `gguf` change the method it
-overrides, the plain reader is used. Blocking: at start-up, `check-config` and `init`.
+overrides, the plain reader is used. Blocking: at start-up, `check-config` and `init`. `gguf`
+and numpy are imported when a file is read (a quarter of a second), not with the module.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-from gguf import GGUFReader, GGUFValueType
 
 
 class GgufError(Exception):
@@ -95,39 +94,49 @@ def read_gguf(path: Path) -> GgufFacts:
     )
 
 
-def _open(path: Path) -> GGUFReader:
+def _open(path: Path) -> Any:
+    from gguf import GGUFReader  # numpy with it: imported when a file is read, not at start-up
+
     try:
-        return _MetadataReader(path)
+        return metadata_reader()(path)
     except (AttributeError, NotImplementedError):  # the overridden method changed: read it all
         return GGUFReader(path)
 
 
-class _MetadataReader(GGUFReader):
+@functools.cache
+def metadata_reader() -> type[Any]:
     """The gguf package's reader, stepping over arrays instead of viewing each element."""
+    import numpy as np
+    from gguf import GGUFReader, GGUFValueType
 
-    def _get_field_parts(
-        self, orig_offs: int, raw_type: int
-    ) -> tuple[int, list[Any], list[int], list[GGUFValueType]]:
-        if raw_type != GGUFValueType.ARRAY:
-            return super()._get_field_parts(orig_offs, raw_type)
-        item_type = self._get(orig_offs, np.uint32)
-        length = self._get(orig_offs + 4, np.uint64)
-        kind, count, offs = GGUFValueType(int(item_type[0])), int(length[0]), orig_offs + 12
-        types = [GGUFValueType.ARRAY, kind]
-        if kind == GGUFValueType.STRING:
-            data = memoryview(self.data.data)
-            for _ in range(count):  # each string: an uint64 length, then its bytes
-                offs += 8 + int.from_bytes(data[offs : offs + 8], "little")
-            return offs - orig_offs, [item_type, length], [], types
-        scalar = self.gguf_scalar_to_np.get(kind)
-        if scalar is None:  # nested arrays: none in the metadata the proxy reads
-            raise NotImplementedError(f"array of {kind.name}")
-        values = self._get(offs, scalar, count)
-        return 12 + int(values.nbytes), [item_type, length, values], [2], types
+    class MetadataReader(GGUFReader):
+        def _get_field_parts(
+            self, orig_offs: int, raw_type: int
+        ) -> tuple[int, list[Any], list[int], list[GGUFValueType]]:
+            if raw_type != GGUFValueType.ARRAY:
+                return super()._get_field_parts(orig_offs, raw_type)
+            item_type = self._get(orig_offs, np.uint32)
+            length = self._get(orig_offs + 4, np.uint64)
+            kind, count, offs = GGUFValueType(int(item_type[0])), int(length[0]), orig_offs + 12
+            types = [GGUFValueType.ARRAY, kind]
+            if kind == GGUFValueType.STRING:
+                data = memoryview(self.data.data)
+                for _ in range(count):  # each string: an uint64 length, then its bytes
+                    offs += 8 + int.from_bytes(data[offs : offs + 8], "little")
+                return offs - orig_offs, [item_type, length], [], types
+            scalar = self.gguf_scalar_to_np.get(kind)
+            if scalar is None:  # nested arrays: none in the metadata the proxy reads
+                raise NotImplementedError(f"array of {kind.name}")
+            values = self._get(offs, scalar, count)
+            return 12 + int(values.nbytes), [item_type, length, values], [2], types
+
+    return MetadataReader
 
 
 def _value(field: Any) -> object:
     """A scalar or string field's value; arrays (the vocabulary) are not needed: None."""
+    from gguf import GGUFValueType
+
     if not field.types or not field.data:
         return None
     kind = field.types[0]

@@ -10,7 +10,7 @@ import pytest
 from gguf import GGUFReader, GGUFWriter
 
 from proxy.config.settings import Settings
-from proxy.plans.gguf import GgufError, _MetadataReader, read_gguf
+from proxy.plans.gguf import GgufError, metadata_reader, read_gguf
 from proxy.plans.model_files import model_file_problems
 from tests.support.tinygguf import LlamaConfig, Mtp, Qwen35Config, write_llama, write_qwen35
 
@@ -46,7 +46,7 @@ def test_the_fast_reader_sees_what_the_package_reader_sees(files: dict[str, Path
     # The arrays it steps over are still stepped over exactly: every later field and tensor
     # is where the package's own reader finds it.
     for path in files.values():
-        fast, full = _MetadataReader(path), GGUFReader(path)
+        fast, full = metadata_reader()(path), GGUFReader(path)
         assert list(fast.fields) == list(full.fields)
         scalars = [k for k, f in full.fields.items() if len(f.data) == 1 and len(f.types) == 1]
         for key in scalars:
@@ -76,7 +76,7 @@ def test_a_numeric_array_keeps_its_values(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    fast = _MetadataReader(path)
+    fast = metadata_reader()(path)
     assert list(fast.fields["qwen35.rope.dimension_sections"].contents()) == [4, 2, 2, 0]
     assert read_gguf(path).context_length == 4096  # after the vocabulary: stepped over right
 
