@@ -6,22 +6,26 @@ The map: every module of the package, once, in the order the start-up or a reque
 backend processes are the ``supervisor`` package's, which never imports this one.
 
 Start-up (``mtp-proxy serve``) and the life of the process:
-- ``cli``: the command line: serve, check-config, status, tune.
+- ``cli``: the command line: serve, check-config, status, init, tune.
 - ``config.settings``: the TOML file and MTP_PROXY_* overrides -> Settings (server, models, log).
 - ``config.routing``: the ``[routing]`` section: the routing brain's thresholds and priors.
 - ``config.model_names``: the ``[model_names]`` section: names clients send -> models.
 - ``config.state_file``: which routing state file a service reads, and where that comes from.
 - ``config.reference``: every setting's reference, rendered from the schema (docs/configuration.md).
 - ``config.__main__``: ``python -m proxy.config`` prints that reference.
+- ``config.overrides``: which settings the environment (or the systemd unit) overrides.
 - ``ops.logs``: structlog JSON lines (a console renderer on a tty), credentials redacted.
 - ``plans.plan``: how each model is served (one process, pool, single) and its backend specs.
 - ``plans.preflight``: whether the backends fit in GPU memory, said before they start.
+- ``plans.gguf``: what a GGUF says about itself: trained context, MTP layers, KV shape.
 - ``app``: the aiohttp application (routes, middlewares, cleanup contexts) and ``serve``.
 - ``state``: ProxyState, the long-lived objects under one app key.
 - ``serving.backends``: LiveBackends, the live view of every backend: readiness and load.
 - ``plans.adopt``: the router, LiveBackends and the supervisor follow the plans.
 - ``plans.auto``: auto's keep-or-fall-back once a backend's draft-control probe answered.
 - ``ops.sdnotify``: systemd's READY, RELOADING and STOPPING.
+- ``ops.banner``: the start-up banner on a terminal: what runs, the URL, a request to try.
+- ``ops.fail_fast``: a model that never got a ready backend stops the start-up, with its cause.
 - ``ops.reload``: SIGHUP re-reads the configuration file and applies its models.
 - ``ops.learned_file``: the state file as the proxy last read or wrote it; others' writes kept.
 - ``ops.drain``: graceful shutdown: the requests in flight finish before the backends stop.
@@ -69,6 +73,12 @@ Beside the requests:
 - ``ops.collectors``: metrics read at scrape time: backends, queues, what was learned.
 - ``ops.admin``: the /admin endpoints: backends, restarting one, the routing table, the service.
 - ``ops.status``: ``mtp-proxy status``: a running proxy's backends and routing, as tables.
+
+Setting up a box (``mtp-proxy check-config`` and ``mtp-proxy init``):
+- ``ops.check_config``: ``check-config``: a configuration checked as the service will run it.
+- ``plans.model_files``: the model files exist, can be read, and have the MTP layers drafted.
+- ``ops.init_config``: ``init``: a commented single-GPU configuration for one GGUF.
+- ``ops.builds``: the llama-server builds on this box, the patched one first.
 
 ``mtp-proxy tune``, measuring draft settings on this machine:
 - ``tune.command``: the command line, and the run from start to end in either way.

@@ -28,6 +28,7 @@ from proxy.ops import admin, sdnotify
 from proxy.ops.access_log import access_log_middleware
 from proxy.ops.collectors import BackendsCollector
 from proxy.ops.drain import REQUESTS, RequestCount, count_requests, drain
+from proxy.ops.fail_fast import ModelCannotStartError
 from proxy.ops.learned_file import LearnedFile
 from proxy.ops.metrics import ProxyMetrics
 from proxy.ops.reload import Reloader
@@ -52,6 +53,7 @@ from proxy.serving.middlewares import auth_middleware, error_middleware
 from proxy.serving.model_names import ModelCatalog
 from proxy.state import STATE, ProxyState
 from supervisor.backend import Backend
+from supervisor.states import BackendState
 from supervisor.supervisor import Supervisor
 
 log = structlog.get_logger("proxy")
@@ -186,10 +188,23 @@ def _track(state: ProxyState, changed: Backend) -> None:
     state.late_system[current.name] = None if check is None else check.late_system
     backend = state.backends.update(current.spec, current.state, current.base_url)
     if backend.ready:
+        state.startup.saw_ready(backend.model)
         on_ready(state, current)
         on_replaced(state, current)
         state.admission.notify(backend.model, state.backends.free_slots(backend.model))
+    elif current.state is BackendState.FAILED and not state.notified_ready:
+        _judge_start_up(state, backend.model)
     _notify_ready_once_serving(state)
+
+
+def _judge_start_up(state: ProxyState, model: str) -> None:
+    """Still starting up and the model's backends all gave up before one was ever ready: the
+    proxy stops (proxy.ops.fail_fast); its last words go to the log and to systemd's status."""
+    assert state.supervisor is not None
+    line = state.startup.judge(model, state.supervisor.backends)
+    if line is not None:
+        log.error("model_cannot_start", model=model, message=line)
+        sdnotify.notify(f"STATUS={line}")
 
 
 def _notify_ready_once_serving(state: ProxyState) -> None:
@@ -251,7 +266,9 @@ async def serve(
     With the default trigger, SIGHUP re-reads `config_path` and applies its models (reload.py).
     At shutdown the listener closes first; requests in flight get drain_timeout_s to finish,
     then what is left is cut and the backends are stopped. The port is bound before any backend
-    is spawned: one in use raises ListenError at once.
+    is spawned: one in use raises ListenError at once. A model whose backends all fail before
+    one was ever ready (proxy.ops.fail_fast) shuts the proxy down as a signal would, then raises
+    ModelCannotStartError.
     """
     server = settings.server
     sock = bind_listener(server.host, server.port, _BACKLOG)
@@ -295,13 +312,31 @@ async def _serve_on(
             _notify_ready_once_serving(app[STATE])
             if on_listening is not None:
                 on_listening(port)
-            await (stop.wait() if shutdown_trigger is None else shutdown_trigger())
+            await _first_of(
+                stop.wait() if shutdown_trigger is None else shutdown_trigger(),
+                app[STATE].startup.wait(),
+            )
             log.info("shutting_down")
         finally:
             reloader.close()  # a reload under way ends once the supervisor stops
             await drain(runner, app[REQUESTS], settings.supervisor.drain_timeout_s)
             await runner.cleanup()
             await reloader.wait_closed()
+    if app[STATE].startup.failure is not None:
+        raise ModelCannotStartError(app[STATE].startup.failure)
+
+
+async def _first_of(*waits: Awaitable[object]) -> None:
+    """Wait until one of `waits` completes; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in done:
+        task.result()  # a trigger's own exception goes on up
 
 
 def _tune_gc() -> None:

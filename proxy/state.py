@@ -17,6 +17,7 @@ from structlog.typing import FilteringBoundLogger
 
 from proxy.config.settings import Settings
 from proxy.ops.bookkeeping import Bookkeeping
+from proxy.ops.fail_fast import StartupWatch
 from proxy.ops.learned_file import LearnedFile
 from proxy.ops.metrics import ProxyMetrics
 from proxy.plans.plan import ModelPlan
@@ -75,6 +76,8 @@ class ProxyState:
     """routing.state_file as the proxy last read or wrote it (None: no state file)."""
     listening: bool = False  # the listener is up: READY=1 may be sent from now on
     notified_ready: bool = False
+    startup: StartupWatch = field(default_factory=StartupWatch)
+    """Models ready once since start-up, and the first that cannot start (proxy.ops.fail_fast)."""
     # Bound once (logging is configured before the app is made): building a logger from
     # structlog's configuration for every request took ~70 us on a cold path.
     request_log: FilteringBoundLogger = field(

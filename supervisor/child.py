@@ -17,6 +17,7 @@ import aiohttp
 import structlog
 
 from supervisor.backend import Backend, InFlight, OnChange
+from supervisor.causes import diagnose
 from supervisor.draft_probe import DraftControl, probe_draft_control
 from supervisor.flags import speculation_in
 from supervisor.health import check_health
@@ -171,7 +172,15 @@ class Child:
             "draft_control": self._draft_control,
             "draft_control_reason": self._draft_control_reason,
             "chat_template": None if self._chat_template is None else self._chat_template.as_json(),
+            "cause": self._cause(),
         }
+
+    def _cause(self) -> str | None:
+        """The last failure's known cause in plain words (supervisor.causes), if any."""
+        if self._last_error is None:
+            return None
+        cause = diagnose(self.last_log_lines, self._last_exit_code, self._last_error)
+        return None if cause is None else cause.words
 
     # --- control (Supervisor only) ---
     async def start(self, session: aiohttp.ClientSession) -> None:

@@ -276,6 +276,9 @@ class ModelSettings(BaseModel):
     def names(self) -> list[str]:
         return [self.name, *self.aliases]
 
+    def profile_names(self) -> list[str]:
+        return [p.name for p in self.profiles]
+
     def profile_depth(self, profile: ProfileSettings) -> int:
         """The per-request depth that plays a profile: 0 when it does not draft, else n_max."""
         draft = profile.draft()

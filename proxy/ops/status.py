@@ -79,7 +79,7 @@ def _backends_table(backends: list[dict[str, Any]]) -> str:
                 b.get("restarts"),
                 _in_flight(b.get("in_flight"), b.get("slots")),
                 _seconds(b.get("uptime_s")),
-                _short(b.get("last_error")),
+                _short(b.get("cause") or b.get("last_error"), 60),
             ]
             for b in backends
         ],
