@@ -10,10 +10,10 @@ Start-up (``mtp-proxy serve``) and the life of the process:
 - ``config.settings``: the TOML file and MTP_PROXY_* overrides -> Settings (server, models, log).
 - ``config.routing``: the ``[routing]`` section: the routing brain's thresholds and priors.
 - ``config.model_names``: the ``[model_names]`` section: names clients send -> models.
-- ``config.state_file``: which routing state file a service reads, and where that comes from.
 - ``config.reference``: every setting's reference, rendered from the schema (docs/configuration.md).
 - ``config.__main__``: ``python -m proxy.config`` prints that reference.
-- ``config.overrides``: which settings the environment (or the systemd unit) overrides.
+- ``config.overrides``: the service's environment (this shell's, the systemd unit's): the
+  settings it overrides, where each was set, and the state file in force.
 - ``ops.logs``: structlog JSON lines (a console renderer on a tty), credentials redacted.
 - ``plans.plan``: how each model is served (one process, pool, single) and its backend specs.
 - ``plans.preflight``: whether the backends fit in GPU memory, said before they start.

@@ -1,14 +1,21 @@
-"""Which settings the environment overrides: the effective value, the variable, where it was set
-(this shell, or the systemd unit's Environment=) and what the file says, for `check-config`.
+"""The environment of the service: which settings it overrides, where each variable was set
+(this shell, or the systemd unit's Environment=), what the file says, and the learned-statistics
+file in force. `check-config` prints them; `tune --apply` seeds that state file.
 
 Environment variables beat the file (`MTP_PROXY_ROUTING__STATE_FILE` over `routing.state_file`),
 and the unit installed by deploy/systemd/install.sh sets some: without this report a value in
-the file can be silently not the one in force.
+the file can be silently not the one in force. The unit counts when its ExecStart serves the
+config at hand; its assignments then beat this shell's.
+
+The unit is read from its files (the unit and its `.d/*.conf` drop-ins), not from
+`systemctl show`: that works where no systemd answers (a container, the install sandbox's
+stand-in systemctl) and for any user, and it names the file that set each variable.
 """
 
 from __future__ import annotations
 
 import shlex
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +27,7 @@ from proxy.config.reference import ENV_PREFIX, setting_docs, toml_value
 
 UNIT = Path("/etc/systemd/system/mtp-proxy.service")
 """Where deploy/systemd/install.sh installs the unit."""
+STATE_FILE_VARIABLE = f"{ENV_PREFIX}ROUTING__STATE_FILE"
 NOT_SETTINGS = frozenset({"MTP_PROXY_ADMIN_KEY"})
 """MTP_PROXY_* variables that are not settings: `mtp-proxy status` reads this one."""
 _REDACTED = '"[redacted]"'
@@ -53,6 +61,21 @@ class Override:
             f"{self.key} = {self.value} from {self.variable.name} "
             f"({_origin_words(self.variable.origin)}; {said})"
         )
+
+
+@dataclass(frozen=True)
+class StateFile:
+    """The learned-statistics file in force (None: not kept) and what set it, in words."""
+
+    path: Path | None
+    source: str
+
+    def line(self) -> str:
+        if self.path is None:
+            return (
+                f"learned statistics: not kept ({self.source}): every start begins from the priors"
+            )
+        return f"learned statistics: {self.path} (from {self.source})"
 
 
 def environment_variables(environ: Mapping[str, str]) -> dict[str, Variable]:
@@ -93,6 +116,19 @@ def unit_config_file(unit: Path) -> Path | None:
     return None
 
 
+def service_variables(
+    config: Path, environ: Mapping[str, str], unit: Path | None = None, *, installed: Path = UNIT
+) -> dict[str, Variable]:
+    """The MTP_PROXY_* variables a service of `config` is given: `environ`'s, and over them the
+    unit's (`unit`, or the `installed` one when its ExecStart serves `config`)."""
+    variables = environment_variables(environ)
+    if unit is None and unit_runs(config, installed):
+        unit = installed
+    if unit is not None:
+        variables.update(unit_variables(unit))
+    return variables
+
+
 def overrides(
     settings: BaseModel, file_data: Mapping[str, Any], variables: Mapping[str, Variable]
 ) -> tuple[list[Override], list[Variable]]:
@@ -122,20 +158,35 @@ def overrides(
     return found, unknown
 
 
-def state_file_line(settings_state_file: Path | None, found: list[Override]) -> str:
-    """Which learned-statistics file is in force, and what set it."""
-    if settings_state_file is None:
-        return (
-            "learned statistics: not kept (routing.state_file unset): every start begins from "
-            "the priors"
-        )
-    source = next((o for o in found if o.key == "routing.state_file"), None)
-    where = (
-        f"from {source.variable.name} ({_origin_words(source.variable.origin)})"
-        if source is not None
-        else "from the file's routing.state_file"
-    )
-    return f"learned statistics: {settings_state_file} ({where})"
+def effective_state_file(config: Path, variables: Mapping[str, Variable]) -> StateFile:
+    """The learned-statistics file a service of `config` reads with `variables`
+    (service_variables), and what set it: the variable, else the file's routing.state_file."""
+    variable = variables.get(STATE_FILE_VARIABLE)
+    if variable is not None:
+        source = f"{variable.name} ({_origin_words(variable.origin)})"
+        return StateFile(Path(variable.value), source)
+    try:
+        data: Any = tomllib.loads(config.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        data = {}
+    value = _lookup(data, ["routing", "state_file"])
+    if isinstance(value, str) and value:
+        return StateFile(Path(value), "the file's routing.state_file")
+    return StateFile(None, "routing.state_file unset")
+
+
+def same_file(one: Path, other: Path) -> bool:
+    """Whether two paths name one file (links followed; by name where one cannot be read)."""
+    try:
+        return one.samefile(other)
+    except OSError:
+        return one.resolve() == other.resolve()
+
+
+def unit_runs(config: Path, unit: Path = UNIT) -> bool:
+    """Whether the unit's ExecStart serves `config`."""
+    runs = unit_config_file(unit)
+    return runs is not None and same_file(runs, config)
 
 
 _MISSING = object()

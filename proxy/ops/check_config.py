@@ -18,13 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from proxy.config.overrides import (
-    UNIT,
     Variable,
-    environment_variables,
+    effective_state_file,
     overrides,
-    state_file_line,
-    unit_config_file,
-    unit_variables,
+    service_variables,
 )
 from proxy.config.settings import ConfigError, ModelSettings, Settings, load_settings
 from proxy.plans.model_files import model_file_problems
@@ -44,8 +41,7 @@ from supervisor.spec import BackendSpec
 def check_config(path: Path, unit: Path | None = None) -> int:
     """Print the summary of `path` (exit status 0), or its problems (exit 2). `unit`: the
     systemd unit whose environment applies (default: the installed one, if it runs `path`)."""
-    variables = environment_variables(os.environ)
-    variables.update(apply_service_environment(path, unit))
+    variables = apply_service_environment(path, unit)
     settings = load_or_exit(path)
     problems, warnings = model_file_problems(settings)
     plans = plans_of(settings)
@@ -69,7 +65,7 @@ def check_config(path: Path, unit: Path | None = None) -> int:
     print("environment overrides (they beat the file):" + ("" if found else " none"))
     for override in found:
         print(f"  {override.line()}")
-    print(state_file_line(settings.routing.state_file, found))
+    print(effective_state_file(path, variables).line())
     memory = run_preflight(settings, plans=plans)
     print("\n".join(render(memory)))
     for variable in unknown:
@@ -111,24 +107,13 @@ def backends_or_exit(
 
 def apply_service_environment(path: Path, unit: Path | None = None) -> dict[str, Variable]:
     """Set this process's environment as the service's will be when the installed unit runs
-    `path` (or `unit`, when named): its MTP_PROXY_* variables. Returns them. For the short-lived
-    commands that read a config as the service will (check-config, status)."""
-    if unit is None:
-        runs = unit_config_file(UNIT)
-        if runs is None or not _same_file(runs, path):
-            return {}
-        unit = UNIT
-    found = unit_variables(unit)
-    for variable in found.values():
+    `path` (or `unit`, when named): its MTP_PROXY_* variables over this shell's. Returns every
+    MTP_PROXY_* variable then in force (service_variables). For the short-lived commands that
+    read a config as the service will (check-config, status)."""
+    variables = service_variables(path, os.environ, unit)
+    for variable in variables.values():
         os.environ[variable.name] = variable.value
-    return found
-
-
-def _same_file(one: Path, other: Path) -> bool:
-    try:
-        return one.samefile(other)
-    except OSError:
-        return False
+    return variables
 
 
 def _file_data(path: Path | None) -> dict[str, Any]:

@@ -10,10 +10,11 @@
    start-first replacement would need room for a second copy of the weights).
 2. The seeded state: into the state file the service reads (``/admin/service`` through
    ``--url``; else the environment of its systemd unit, this shell's, or the file:
-   proxy.config.state_file), added to what is already learned there.
+   proxy.config.overrides), added to what is already learned there.
 3. The reload: SIGHUP to the service (it re-reads the config and, since the state file was
    replaced by another writer, loads it: proxy.ops.reload); for a service under systemd, or one
-   tune may not signal, the line to type (``sudo systemctl reload mtp-proxy``).
+   tune may not signal, the line to type (``sudo systemctl reload mtp-proxy``). The unit's main
+   process is the one thing asked of systemd (``systemctl show``): no file says it.
 
 A run whose recommendation is provisional is not applied: it recommends nothing over off.
 """
@@ -24,7 +25,9 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,9 +35,9 @@ from typing import Any
 import tomlkit
 from tomlkit.items import AoT, Table
 
+from proxy.config.overrides import StateFile
 from proxy.config.routing import RoutingSettings
 from proxy.config.settings import ConfigError, load_settings
-from proxy.config.state_file import StateFile, Unit
 from proxy.routing.stats import LearnedStats
 from proxy.tune.recommend import Recommendation
 
@@ -213,20 +216,58 @@ def _state_owner(path: Path) -> Owner | None:
     return (0o600 | group, folder.st_uid, folder.st_gid)
 
 
-def reload_service(pid: int | None, unit: Unit | None) -> tuple[list[str], int | None]:
+@dataclass(frozen=True)
+class UnitProcess:
+    """The main process of a systemd unit that is running."""
+
+    unit: str  # "mtp-proxy.service"
+    pid: int
+
+
+def unit_process(unit: str, systemctl: str | None = None) -> UnitProcess | None:
+    """The unit's main process, as ``systemctl show`` has it; None without systemctl (or
+    systemd), or when the unit is not running."""
+    binary = systemctl or shutil.which("systemctl")
+    if binary is None:
+        return None
+    try:
+        done = subprocess.run(
+            [binary, "show", unit, "--property=ActiveState,MainPID", "--no-pager"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_show(unit, done.stdout) if done.returncode == 0 else None
+
+
+def parse_show(unit: str, text: str) -> UnitProcess | None:
+    """``systemctl show --property=ActiveState,MainPID`` -> its main process, None unless it
+    runs (a unit starting up may not have its SIGHUP handler yet)."""
+    props = {}
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        props[key] = value
+    pid = props.get("MainPID", "0")
+    if props.get("ActiveState") not in ("active", "reloading") or not pid.isdigit():
+        return None
+    return UnitProcess(unit, int(pid)) if int(pid) > 0 else None
+
+
+def reload_service(pid: int | None, unit: UnitProcess | None) -> tuple[list[str], int | None]:
     """Ask the service to reload (SIGHUP, as the unit's ExecReload does); the lines saying so,
-    and the pid signalled (None: not done)."""
-    under_unit = unit is not None and unit.active and unit.main_pid is not None
-    if pid is None and under_unit:
-        assert unit is not None
-        pid = unit.main_pid
+    and the pid signalled (None: not done). ``unit``: the running unit that serves the config."""
+    if pid is None and unit is not None:
+        pid = unit.pid
     if pid is None:
         return ["the service is not running: it starts with the applied config and state"], None
     try:
         os.kill(pid, signal.SIGHUP)
     except PermissionError:
-        if under_unit and unit is not None and unit.main_pid == pid:
-            line = f"sudo systemctl reload {unit.name.removesuffix('.service')}"
+        if unit is not None and unit.pid == pid:
+            line = f"sudo systemctl reload {unit.unit.removesuffix('.service')}"
         else:
             line = f"sudo kill -HUP {pid}"
         return [f"not allowed to signal the service (pid {pid}): reload it with `{line}`"], None

@@ -22,9 +22,23 @@ from typing import Protocol
 
 import aiohttp
 
+from proxy.config.overrides import (
+    UNIT,
+    StateFile,
+    effective_state_file,
+    same_file,
+    service_variables,
+    unit_runs,
+)
 from proxy.config.settings import ConfigError, ModelSettings, Settings, load_settings
-from proxy.config.state_file import StateFile, Unit, effective_state_file, read_unit
-from proxy.tune.apply import ApplyError, reload_service, write_config, write_state
+from proxy.tune.apply import (
+    ApplyError,
+    UnitProcess,
+    reload_service,
+    unit_process,
+    write_config,
+    write_state,
+)
 from proxy.tune.context import ContextError
 from proxy.tune.estimate import WarmUpError
 from proxy.tune.failures import Failures
@@ -221,9 +235,8 @@ async def _apply_own(
     args: argparse.Namespace, job: Job, outcome: Outcome, settings: Settings
 ) -> int:
     config: Path = args.apply
-    found = read_unit()
-    unit = found if found is not None and found.runs(config) else None  # a unit of this config
-    where = effective_state_file(config, unit=unit)
+    where = effective_state_file(config, service_variables(config, os.environ))
+    unit = unit_process(UNIT.name) if unit_runs(config) else None  # a unit of this config
     pid, url = None, None
     if running_service(settings.server.host, settings.server.port) is not None:
         url = f"http://{settings.server.host}:{settings.server.port}"
@@ -300,14 +313,14 @@ async def _apply_service(
         else StateFile(None, f"the service at {info.url} keeps no state file")
     )
     pid: int | None = info.pid
-    if info.config_path is None or not _same_file(Path(info.config_path), config):
+    if info.config_path is None or not same_file(Path(info.config_path), config):
         print(
             f"note: the service reads {info.config_path or 'its embedded default'}, not "
             f"{config}: it is not reloaded (apply to its own file to change what it serves)"
         )
         pid = None
-    found = read_unit()
-    unit = found if found is not None and found.main_pid == info.pid else None  # its own unit
+    found = unit_process(UNIT.name)
+    unit = found if found is not None and found.pid == info.pid else None  # its own unit
     return await _apply(
         job, outcome, config, where, pid, unit, url=info.url, admin_key=admin_key,
         keep_start_depth=start_depth,
@@ -323,7 +336,7 @@ async def _apply(
     config: Path,
     where: StateFile,
     pid: int | None,
-    unit: Unit | None,
+    unit: UnitProcess | None,
     *,
     url: str | None,
     admin_key: str | None,
@@ -445,13 +458,6 @@ def _mode(text: str) -> Mode:
     if text == "per-request":
         return "per-request"
     return "auto"
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve()
-    except OSError:
-        return a == b
 
 
 __all__ = ["EXIT_OK", "INTERRUPTED", "add_parser", "run"]

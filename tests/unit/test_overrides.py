@@ -1,15 +1,18 @@
 """proxy.config.overrides: the MTP_PROXY_* variables of the environment and of a systemd unit,
-matched to the settings they override, against what the file says."""
+matched to the settings they override, against what the file says; the state file in force
+(what check-config prints and tune --apply seeds)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from proxy.config.overrides import (
+    StateFile,
     Variable,
+    effective_state_file,
     environment_variables,
     overrides,
-    state_file_line,
+    service_variables,
     unit_config_file,
     unit_variables,
 )
@@ -108,15 +111,52 @@ def test_a_setting_the_file_leaves_out_and_a_whole_table() -> None:
     )
 
 
-def test_which_state_file_is_in_force() -> None:
-    assert state_file_line(None, []).startswith("learned statistics: not kept")
-    settings = Settings(**FILE)
-    assert state_file_line(settings.routing.state_file, []) == (
+def _files(tmp_path: Path, served: str = "config.toml") -> tuple[Path, Path]:
+    """A config whose routing.state_file is /srv/state.json, and a unit that serves `served`
+    (through a link: a unit names the file by any path) and sets the variable."""
+    config = tmp_path / "config.toml"
+    config.write_text('[routing]\nstate_file = "/srv/state.json"\n')
+    (tmp_path / "link.toml").symlink_to(config)
+    unit = tmp_path / "mtp-proxy.service"
+    unit.write_text(
+        f"[Service]\nExecStart=/opt/x/mtp-proxy serve --config {tmp_path / served}\n"
+        "Environment=MTP_PROXY_ROUTING__STATE_FILE=/var/lib/x.json\n"
+    )
+    return config, unit
+
+
+def test_which_state_file_is_in_force(tmp_path: Path) -> None:
+    config, _ = _files(tmp_path)
+    bare = tmp_path / "bare.toml"
+    bare.write_text("[routing]\n")
+    assert effective_state_file(bare, {}).line().startswith("learned statistics: not kept")
+    assert effective_state_file(config, {}).line() == (
         "learned statistics: /srv/state.json (from the file's routing.state_file)"
     )
-    unit = Variable("MTP_PROXY_ROUTING__STATE_FILE", "/var/lib/x.json", "/etc/u.service")
-    found, _ = overrides(settings, FILE, {unit.name: unit})
-    assert state_file_line(Path("/var/lib/x.json"), found) == (
+    variable = Variable("MTP_PROXY_ROUTING__STATE_FILE", "/var/lib/x.json", "/etc/u.service")
+    assert effective_state_file(config, {variable.name: variable}).line() == (
         "learned statistics: /var/lib/x.json (from MTP_PROXY_ROUTING__STATE_FILE "
         "(Environment= in /etc/u.service))"
     )
+
+
+def test_the_installed_units_environment_beats_the_shells_when_it_serves_the_file(
+    tmp_path: Path,
+) -> None:
+    config, unit = _files(tmp_path, served="link.toml")
+    shell = {"MTP_PROXY_ROUTING__STATE_FILE": "/tmp/shell.json", "MTP_PROXY_LOG__LEVEL": "debug"}
+    variables = service_variables(config, shell, installed=unit)
+    assert effective_state_file(config, variables) == StateFile(
+        Path("/var/lib/x.json"), f"MTP_PROXY_ROUTING__STATE_FILE (Environment= in {unit})"
+    )
+    assert variables["MTP_PROXY_LOG__LEVEL"].origin == "environment"  # the shell's others stay
+    # A unit of another file: this shell's environment, as `serve` from this shell would.
+    other = tmp_path / "other.toml"
+    other.write_text(config.read_text())
+    assert effective_state_file(other, service_variables(other, shell, installed=unit)) == (
+        StateFile(
+            Path("/tmp/shell.json"), "MTP_PROXY_ROUTING__STATE_FILE (this shell's environment)"
+        )
+    )
+    # A unit named (check-config --unit) applies whatever it serves.
+    assert service_variables(other, {}, unit)["MTP_PROXY_ROUTING__STATE_FILE"].origin == str(unit)

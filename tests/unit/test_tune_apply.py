@@ -1,7 +1,7 @@
-"""`tune --apply`: the state file the service really reads (a systemd unit's environment beats
-the file), the config rewritten with a backup and its comments kept, a proxy that does not
-overwrite a state file another writer replaced; and tune's own processes refused where the
-service's model already occupies the GPU."""
+"""`tune --apply`: the running unit whose service it reloads, the config rewritten with a backup
+and its comments kept, a proxy that does not overwrite a state file another writer replaced; and
+tune's own processes refused where the service's model already occupies the GPU. (Which state
+file it seeds: tests/unit/test_overrides.py.)"""
 
 from __future__ import annotations
 
@@ -11,26 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from proxy.config.overrides import StateFile
 from proxy.config.routing import RoutingSettings
 from proxy.config.settings import Settings, load_settings
-from proxy.config.state_file import ENV_VAR, StateFile, Unit, effective_state_file, parse_show
 from proxy.ops.learned_file import LearnedFile
 from proxy.routing.stats import LearnedStats
-from proxy.tune.apply import ApplyError, write_config, write_state
+from proxy.tune.apply import ApplyError, UnitProcess, parse_show, write_config, write_state
 from proxy.tune.grid import OFF, DraftSetting
 from proxy.tune.guard import second_copy_refusal
 from proxy.tune.recommend import Profile, Recommendation
 from supervisor.memory import GIB
 from tests.support.fake_gpu import sparse
-
-SHOW = """Environment=HOME=/var/lib/mtp-proxy "MTP_PROXY_LOG__FORMAT=json" \
-MTP_PROXY_ROUTING__STATE_FILE=/var/lib/mtp-proxy/learned-stats.json
-ExecStart={ path=/opt/mtp-proxy/venv/bin/mtp-proxy ; argv[]=/opt/mtp-proxy/venv/bin/mtp-proxy \
-serve --config CONFIG ; ignore_errors=no ; start_time=[n/a] ; pid=0 ; code=(null) }
-LoadState=loaded
-ActiveState=active
-MainPID=4242
-"""
 
 CONFIG = """# my box: keep this comment
 [server]
@@ -64,19 +55,15 @@ def _config(tmp_path: Path, *, pool: bool = True) -> Path:
     return path
 
 
-def test_the_units_environment_beats_the_file_the_shells_does_not_then(tmp_path: Path) -> None:
-    config = _config(tmp_path)
-    unit = parse_show("mtp-proxy.service", SHOW.replace("CONFIG", str(config)))
-    assert unit is not None and unit.active and unit.main_pid == 4242 and unit.runs(config)
-    shell = {ENV_VAR: "/tmp/shell.json"}
-    found = effective_state_file(config, environ=shell, unit=unit)
-    assert found.path == Path("/var/lib/mtp-proxy/learned-stats.json")
-    assert "environment of mtp-proxy.service" in found.source
-    # No unit runs this config: the shell's environment, as `serve` from this shell would.
-    other = Unit("mtp-proxy.service", {ENV_VAR: "/x.json"}, Path("/etc/other.toml"))
-    assert effective_state_file(config, environ=shell, unit=other).path == Path("/tmp/shell.json")
-    found = effective_state_file(config, environ={}, unit=None)
-    assert found.path == Path("/srv/state.json") and "routing.state_file in" in found.source
+def test_the_units_main_process_once_it_runs() -> None:
+    shown = "MainPID=4242\nActiveState=active\n"
+    assert parse_show("mtp-proxy.service", shown) == UnitProcess("mtp-proxy.service", 4242)
+    assert parse_show("u", shown.replace("active", "reloading")) == UnitProcess("u", 4242)
+    # Starting up, its SIGHUP handler may not be there yet: not signalled.
+    assert parse_show("u", shown.replace("active", "activating")) is None
+    assert parse_show("u", "MainPID=0\nActiveState=inactive\n") is None
+    assert parse_show("u", "MainPID=0\nActiveState=active\n") is None
+    assert parse_show("u", "MainPID=\nActiveState=active\n") is None
     assert parse_show("x.service", "LoadState=not-found\n") is None
 
 
