@@ -32,6 +32,14 @@ A request, in the order it is served:
 - ``serving.handlers``: the generation handlers; models, health and metrics.
 - ``serving.body``: reading the body: size limit, read deadline, framing errors, gzip.
 - ``serving.model_names``: the model name a client sends -> the configured model.
+- ``compat.request``: the mends of one request (``[compat]``): the bytes each backend gets.
+- ``compat.outcome``: how a mend says it cannot (Unmendable) or must not (Refused) go ahead.
+- ``compat.output_format``: Messages ``output_config.format``, which llama-server drops: a 400.
+- ``compat.session_prefix``: Claude Code's per-session billing digits made constant.
+- ``compat.codex_tools``: Codex's ``additional_tools`` -> tools; its calls back as Codex's.
+- ``compat.input_items``: Responses items without a type, reasoning items without content.
+- ``compat.text_format``: Responses ``text.format`` -> the ``response_format`` that is enforced.
+- ``compat.system_turns``: late system messages for a template that refuses them, kept in place.
 - ``serving.exchange``: one generation: route, forward (retrying before the first byte), relay.
 - ``routing.router``: the routing brain's state and glue: a backend and depth per request.
 - ``routing.features``: one pass over the body -> RequestFeatures (size, kind, session).
@@ -46,6 +54,7 @@ A request, in the order it is served:
 - ``serving.forward``: forwarding to one backend and relaying its answer byte for byte.
 - ``serving.responses_events``: /v1/responses stream events completed to the spec.
 - ``serving.errors``: error bodies in OpenAI's or Anthropic's shape, mid-stream ones too.
+- ``compat.overflow``: llama-server's context overflow -> each API's canonical error.
 - ``routing.telemetry``: timings and usage read from the answer -> Observation.
 - ``routing.spec_counters``: draft acceptance from /metrics for APIs without timings.
 - ``routing.stats``: decayed statistics per (model, class, profile, load); the state file.
