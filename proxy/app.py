@@ -177,6 +177,8 @@ def _track(state: ProxyState, changed: Backend) -> None:
     # While a changed backend is replaced, two share its name; the supervisor's answer for the
     # name is the one that serves (the old one until the new one is ready).
     current = state.supervisor.backend(changed.name)
+    check = current.chat_template
+    state.late_system[current.name] = None if check is None else check.late_system
     backend = state.backends.update(current.spec, current.state, current.base_url)
     if backend.ready:
         on_ready(state, current)

@@ -25,6 +25,7 @@ from proxy.serving.backends import LiveBackends
 from proxy.serving.forward import Timeouts
 from proxy.serving.model_names import ModelCatalog
 from supervisor.supervisor import Supervisor
+from supervisor.template_check import LateSystem
 
 
 class RequestIds:
@@ -61,6 +62,9 @@ class ProxyState:
     bookkeeping: Bookkeeping = field(default_factory=Bookkeeping)
     request_ids: RequestIds = field(default_factory=RequestIds)
     inflating: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    late_system: dict[str, LateSystem | None] = field(default_factory=dict)
+    """Each backend's chat-template check, by name (supervisor.template_check), as the
+    supervisor last reported it: the request path reads it without asking the supervisor."""
     """gzip request bodies inflated at once (proxy.serving.body)."""
     session: aiohttp.ClientSession | None = None
     supervisor: Supervisor | None = None

@@ -68,7 +68,7 @@ def mend_additional_tools(body: dict[str, Any]) -> dict[str, Any]:
         return body
     existing = body.get("tools")
     tools: list[Any] = list(existing) if isinstance(existing, list) else []
-    taken = {t.get("name") for t in tools if isinstance(t, dict)}
+    taken = {t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)}
     kept: list[Any] = []
     for item in items:
         if _is_additional(item):
@@ -162,7 +162,7 @@ def rewritten_item(item: Any, tools: ToolMap) -> Any:
     if not isinstance(item, dict) or item.get("type") != "function_call":
         return item
     name = item.get("name")
-    if name in tools.custom:
+    if isinstance(name, str) and name in tools.custom:
         out = {k: v for k, v in item.items() if k != "arguments"}
         out["type"] = "custom_tool_call"
         out["input"] = _custom_input(item.get("arguments"))
@@ -235,7 +235,8 @@ class CodexToolEvents:
             return event
         kind = data.get("type")
         if kind == "response.function_call_arguments.delta":
-            return b"" if data.get("item_id") in self._held else event
+            item_id = data.get("item_id")
+            return b"" if isinstance(item_id, str) and item_id in self._held else event
         changed = self._changed(kind, data)
         if changed is None:
             return event

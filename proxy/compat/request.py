@@ -33,7 +33,6 @@ from proxy.compat.session_prefix import mend_session_prefix
 from proxy.compat.system_turns import mend_system_turns
 from proxy.compat.text_format import mend_text_format
 from proxy.config.settings import CompatSettings
-from supervisor.supervisor import Supervisor
 from supervisor.template_check import LateSystem
 
 Mend = Callable[[dict[str, Any]], dict[str, Any]]
@@ -47,21 +46,6 @@ COUNTING_APIS: dict[str, Api] = {
     "/chat/completions/input_tokens": "chat",
 }
 """The token-counting routes and the API whose prompt they count."""
-
-
-def late_system_of(supervisor: Supervisor | None) -> LateSystemOf:
-    """The verdicts of the supervisor's backends (supervisor.template_check)."""
-
-    def of(name: str) -> LateSystem | None:
-        if supervisor is None:
-            return None
-        try:
-            check = supervisor.backend(name).chat_template
-        except KeyError:
-            return None
-        return None if check is None else check.late_system
-
-    return of
 
 
 class RequestMends:

@@ -77,7 +77,8 @@ def _listing(api: Api, body: dict[str, Any]) -> tuple[list[Any] | None, int]:
 
 
 def _is_system(api: Api, message: Any) -> bool:
-    if not isinstance(message, dict) or message.get("role") not in SYSTEM_ROLES:
+    role = message.get("role") if isinstance(message, dict) else None
+    if not isinstance(role, str) or role not in SYSTEM_ROLES:
         return False
     # A Responses item with a role is a message only without a type or with type "message"
     # (Codex's additional_tools item carries role "developer").

@@ -17,7 +17,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.apis import Api, dialect_of
-from proxy.compat.request import RequestMends, late_system_of
+from proxy.compat.request import RequestMends
 from proxy.ops.request_log import LOGGED, request_logger
 from proxy.serving.body import BodyRefused, read_body
 from proxy.serving.errors import error_response
@@ -65,7 +65,7 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
     if model is None:
         message = unknown_model_message(body.get("model"))
         return refuse(request, api, 404, message, received, code="model_not_found")
-    mends = RequestMends(state.settings.compat, api, raw, body, late_system_of(state.supervisor))
+    mends = RequestMends(state.settings.compat, api, raw, body, state.late_system.get)
     if mends.refusal is not None:  # a field llama-server would silently drop (proxy.compat)
         return refuse(request, api, 400, mends.refusal, received)
     exchange = Exchange(state, request, api, model, raw, body, received, mends)

@@ -21,7 +21,7 @@ import orjson
 from aiohttp import web
 
 from proxy.apis import dialect_of_path
-from proxy.compat.request import counted_body, late_system_of
+from proxy.compat.request import counted_body
 from proxy.ops.access_log import LOG_FIELDS
 from proxy.ops.metrics import UNROUTED
 from proxy.serving.backends import LiveBackend
@@ -129,9 +129,9 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if model is None:
         return error_response(dialect, 404, unknown_model_message(named), code="model_not_found")
     request[LOG_FIELDS] = {"model": model}
-    checked = late_system_of(state.supervisor)
     for backend in _candidates(state.backends.ready_of_model(model)):
         request[LOG_FIELDS]["backend"] = backend.name
+        checked = state.late_system.get
         body = counted_body(state.settings.compat, request.path, raw, backend.name, checked)
         try:
             return await _relay(request, backend, body)

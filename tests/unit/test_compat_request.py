@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.apis import Api
 from proxy.compat.request import RequestMends, counted_body
@@ -141,3 +143,44 @@ def test_a_counting_body_that_is_not_an_object_goes_as_it_came() -> None:
     for raw in (b"", b"[1]", b"{not json"):
         path = "/v1/messages/count_tokens"
         assert counted_body(CompatSettings(), path, raw, "b", lambda _: "refused") is raw
+
+
+# --- any body: a mend never raises (the request would be a 500), it mends, refuses or passes -----
+
+_scalars = st.none() | st.booleans() | st.integers(-5, 5) | st.sampled_from(
+    ["", "system", "developer", "user", "assistant", "message", "text", "input_text",
+     "additional_tools", "namespace", "custom", "function", "custom_tool_call",
+     "custom_tool_call_output", "reasoning", "json_schema", "json_object", "exec",
+     "x-anthropic-billing-header: cc_version=2.1.332.0b8; cc_entrypoint=cli;"]
+)  # fmt: skip
+_keys = st.sampled_from(
+    ["role", "content", "type", "text", "name", "tools", "input", "format", "schema", "call_id",
+     "output", "arguments", "summary", "messages", "system", "instructions", "text", "model"]
+)  # fmt: skip
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_keys, inner, max_size=5),
+    max_leaves=30,
+)
+_bodies = st.dictionaries(
+    st.sampled_from(
+        ["messages", "input", "system", "instructions", "tools", "text", "output_config"]
+    ),
+    _values,
+    max_size=5,
+)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(body=_bodies, api=st.sampled_from(["chat", "messages", "responses", "completions"]))
+def test_any_body_is_mended_refused_or_passed_never_an_exception(
+    body: dict[str, Any], api: Api
+) -> None:
+    raw = orjson.dumps(body)
+    mends = RequestMends(CompatSettings(), api, raw, orjson.loads(raw), lambda _: "refused")
+    out = mends.raw_for("any")
+    assert isinstance(orjson.loads(out), dict)
+    rewriter = mends.stream_rewriter()
+    if rewriter is not None:
+        rewriter.feed(b"event: x\ndata: " + raw + b"\n\n")
+        mends.answer_body(orjson.dumps({"output": [body]}))

@@ -177,6 +177,19 @@ def test_a_name_already_in_tools_keeps_the_first() -> None:
     assert names.count("sleep") == 1 and names[0] == "sleep"
 
 
+def test_odd_shapes_around_them_do_not_break_the_mend() -> None:
+    body = fixture("codex-default-model.json")
+    body["tools"] = [{"type": "function", "name": ["not", "a", "name"]}, "not a tool"]
+    body["input"].insert(1, {"type": "additional_tools", "tools": [{"type": "namespace"}, 7]})
+    mended = mend_additional_tools(body)
+    assert mended["tools"][:2] == body["tools"] and len(mended["tools"]) == 14
+    odd = sse(
+        "response.function_call_arguments.delta",
+        {"type": "response.function_call_arguments.delta", "item_id": [1]},
+    )
+    assert CodexToolEvents(tool_map(body)).feed(odd) == odd
+
+
 def test_a_request_without_them_is_the_same_object() -> None:
     body = fixture("codex-named-model.json")
     assert mend_additional_tools(body) is body
