@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,11 @@ def test_without_the_cached_directory_the_script_fetches_only_the_templates(
 ) -> None:
     # An empty cache root: the script downloads and checks the sdist and keeps its templates,
     # and builds nothing (a build would take ten minutes and leave a bin/ directory).
-    env = {**os.environ, "MTP_LLAMA_SERVER_CACHE": str(tmp_path / "cache")}
+    env = {
+        **os.environ,
+        "MTP_LLAMA_SERVER_CACHE": str(tmp_path / "cache"),
+        "PYTHON": sys.executable,
+    }
     env.pop(TEMPLATES_ENV, None)
     done = subprocess.run(
         ["bash", str(BUILD_SCRIPT), "--templates"],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,7 @@ def templates_dir() -> Path:
             stdout=subprocess.PIPE,
             text=True,
             check=False,
+            env={**os.environ, "PYTHON": sys.executable},  # its pip downloads the sdist
         )
         if done.returncode != 0 or not done.stdout.strip():
             pytest.fail(f"{BUILD_SCRIPT} --templates failed ({done.returncode})", pytrace=False)
