@@ -17,6 +17,7 @@ from structlog.typing import FilteringBoundLogger
 from proxy.config.settings import Settings
 from proxy.ops.bookkeeping import Bookkeeping
 from proxy.ops.metrics import ProxyMetrics
+from proxy.ops.recent import RecentRequests
 from proxy.plans.plan import ModelPlan
 from proxy.routing.router import Router
 from proxy.routing.spec_counters import SpecCounterTracker
@@ -60,6 +61,8 @@ class ProxyState:
     background: set[asyncio.Task[None]] = field(default_factory=set)
     bookkeeping: Bookkeeping = field(default_factory=Bookkeeping)
     request_ids: RequestIds = field(default_factory=RequestIds)
+    recent: RecentRequests = field(default_factory=RecentRequests)
+    """The last finished requests and the depth chart, for the live page (proxy.ops.recent)."""
     inflating: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
     """gzip request bodies inflated at once (proxy.serving.body)."""
     session: aiohttp.ClientSession | None = None
