@@ -28,6 +28,7 @@ from proxy.ops.access_log import access_log_middleware
 from proxy.ops.collectors import BackendsCollector
 from proxy.ops.drain import REQUESTS, RequestCount, count_requests, drain
 from proxy.ops.metrics import ProxyMetrics
+from proxy.ops.recent import RecentRequests
 from proxy.ops.reload import Reloader
 from proxy.plans.adopt import apply_plans, register_backends
 from proxy.plans.auto import on_ready, on_replaced
@@ -49,6 +50,7 @@ from proxy.serving.forward import Timeouts
 from proxy.serving.middlewares import auth_middleware, error_middleware
 from proxy.serving.model_names import ModelCatalog
 from proxy.state import STATE, ProxyState
+from proxy.ui import routes as ui
 from supervisor.backend import Backend
 from supervisor.supervisor import Supervisor
 
@@ -74,6 +76,9 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
             server.connect_timeout_s, server.first_byte_timeout_s, server.idle_timeout_s
         ),
         plans=plans_of(settings),
+        recent=RecentRequests(
+            settings.ui.recent_requests, settings.ui.chart_window_s, settings.ui.chart_step_s
+        ),
     )
     apply_plans(state)
     app = web.Application(
@@ -117,6 +122,7 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", handlers.metrics)
     passthrough.add_routes(app)
     admin.add_routes(app)
+    ui.add_routes(app)
 
 
 async def _connection_deadlines(app: web.Application) -> AsyncIterator[None]:
@@ -281,6 +287,7 @@ async def _serve_on(
             await site.start()
             port = _bound_port(runner)
             log.info("listening", host=settings.server.host, port=port)
+            _log_live_page(settings, port)
             app[STATE].listening = True
             _notify_ready_once_serving(app[STATE])
             if on_listening is not None:
@@ -292,6 +299,13 @@ async def _serve_on(
             await drain(runner, app[REQUESTS], settings.supervisor.drain_timeout_s)
             await runner.cleanup()
             await reloader.wait_closed()
+
+
+def _log_live_page(settings: Settings, port: int) -> None:
+    """Where the live page is (proxy.ui), and whether it can show anything."""
+    if settings.ui.enabled:
+        url = ui.link(settings.server.host, port)
+        log.info("live_page", url=url, admin_key_set=settings.server.admin_key is not None)
 
 
 def _tune_gc() -> None:
