@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "status":
         from proxy.ops.status import print_status
 
-        status: int = print_status(args.url, args.admin_key)
+        status: int = print_status(args.url, args.admin_key, args.watch)
         return status
     if command == "tune":
         from proxy.tune.command import run as tune
@@ -55,6 +55,16 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="show backends and the learned routing table")
     status.add_argument("--url", default="http://127.0.0.1:8080")
     status.add_argument("--admin-key", default=None, help="or set MTP_PROXY_ADMIN_KEY")
+    from proxy.ops.status import watch_seconds
+
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=watch_seconds,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) until Ctrl-C",
+    )
     from proxy.tune.command import add_parser as add_tune
 
     add_tune(commands)
