@@ -101,15 +101,22 @@ class RecentRequests:
     ) -> None:
         """Keep one finished request: routed (``route``) and measured (``observation``) or
         not; ``output_tokens`` when it was not measured."""
-        head = (next(self._seq), self._clock(), request_id, api, model, status, round(elapsed, 4))
+        seq, at = next(self._seq), self._clock()
         session = None if session_key is None else session_key[:SESSION_CHARS]
         if route is None:
-            self.add(Finished(*head, stream, session=session, error=error))
+            row = Finished(seq, at, request_id, api, model, status, elapsed, stream)
+            self.add(row._replace(session=session, error=error))
             return
         o = observation
         self.add(
             Finished(
-                *head,
+                seq,
+                at,
+                request_id,
+                api,
+                model,
+                status,
+                elapsed,
                 stream,
                 route.backend.name,
                 session,
@@ -137,16 +144,17 @@ class RecentRequests:
         if row.backend is not None:
             self.last_of_backend[row.backend] = row
         if row.profile is not None and not row.client_depth and row.status == 200:
-            self._chart(row)
+            self._chart(row, row.profile)
 
-    def _chart(self, row: Finished) -> None:
+    def _chart(self, row: Finished, profile: str) -> None:
         start = int(row.at) // self.step_s * self.step_s
         steps = self._steps
         if not steps or steps[-1].start != start:
             steps.append(_Step(start))
-        cell = steps[-1].cells.get((row.model, row.profile or ""))
+        cells = steps[-1].cells
+        cell = cells.get((row.model, profile))
         if cell is None:
-            cell = steps[-1].cells[(row.model, row.profile or "")] = [0.0, 0.0, 0.0, 0.0]
+            cell = cells[(row.model, profile)] = [0.0, 0.0, 0.0, 0.0]
         if row.decode_tok_s:
             cell[0] += 1.0
             cell[1] += row.decode_tok_s
@@ -194,6 +202,7 @@ class RecentRequests:
 def as_json(row: Finished, depth_of: dict[str, dict[str, int]]) -> dict[str, Any]:
     """A finished request as the admin API shows it; a pool's depth is its profile's."""
     data = row._asdict()
+    data["duration_s"] = round(row.duration_s, 4)
     if row.depth is None and not row.client_depth and row.profile is not None:
         data["depth"] = depth_of.get(row.model, {}).get(row.profile)
     return data
