@@ -104,8 +104,8 @@ class RecentRequests:
         seq, at = next(self._seq), self._clock()
         session = None if session_key is None else session_key[:SESSION_CHARS]
         if route is None:
-            row = Finished(seq, at, request_id, api, model, status, elapsed, stream)
-            self.add(row._replace(session=session, error=error))
+            fields = (seq, at, request_id, api, model, status, elapsed, stream)
+            self.add(Finished(*fields, session=session, error=error))
             return
         o = observation
         self.add(
