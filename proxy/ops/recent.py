@@ -51,8 +51,8 @@ class Finished(NamedTuple):
     error: str | None = None
 
 
-SESSION_CHARS = 12
-"""Of a session key shown: enough to tell an agent's sessions apart (a derived key is a hash)."""
+SESSION_CHARS = 16
+"""Of a session key shown: a derived key (a hash) whole, a client's name mostly."""
 
 
 @dataclass(slots=True)

@@ -152,6 +152,18 @@ def test_the_page_shows_each_request_its_depth_and_why_and_the_backend(
         browser.wait_for(
             "the chart drawn", "return document.querySelectorAll('#speed-plot circle').length"
         )
+        # Follow the agent: its session's tag shows its turns only (what the screenshot shows).
+        browser.run(
+            "document.querySelector(`#requests tr[data-id='${arguments[0]}'] .session`).click()",
+            sent[0].request_id,
+        )
+        shown_ids = browser.wait_for(
+            "only the agent's turns",
+            "const rows = [...document.querySelectorAll('#requests tbody tr')];"
+            "return rows.every((r) => r.querySelector('.session').innerText === 'agent-session')"
+            "  && rows.map((r) => r.dataset.id);",
+        )
+        assert set(shown_ids) == {answer.request_id for answer in sent}
         browser.full_height()
         png = browser.screenshot(SCREENSHOT)
         errors = browser.console_errors()

@@ -88,7 +88,7 @@ def test_a_finished_request_keeps_what_the_page_shows() -> None:
     assert (row.reason, row.detail) == ("busy", "busy epoch of m/one-copy at max")
     assert (row.prompt_tokens, row.cached_tokens, row.output_tokens) == (900, 800, 120)
     assert (row.drafted, row.accepted, row.decode_tok_s, row.ttft_s) == (10, 8, 50.0, 0.2)
-    assert row.session == "a-very-long-"  # the first 12 characters
+    assert row.session == "a-very-long-sess"  # the first 16 characters
     assert recent.last_of_backend == {"m/one-copy": row}
 
 
