@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 from proxy.routing.now import busy_epochs
 from supervisor.draft_probe import DraftControl
 from supervisor.states import BackendState
+from supervisor.template_check import LateSystem
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -33,6 +34,7 @@ class BackendsCollector(Collector):
         yield from self._backend_metrics()
         yield self._draft_control_metric()
         yield self._busy_depth_metric()
+        yield self._late_system_metric()
         yield from self._queue_metrics()
         yield from self._learned_metrics()
 
@@ -109,6 +111,23 @@ class BackendsCollector(Collector):
         )
         for epoch in busy_epochs(self._state.router).values():
             family.add_metric([epoch.backend, epoch.model], epoch.depth)
+        return family
+
+    def _late_system_metric(self) -> Metric:
+        family = GaugeMetricFamily(
+            "mtp_proxy_backend_late_system",
+            "1 for what the chat-template check found a system message that is not first does: "
+            "in-place, hoisted (moved to the front), refused (the proxy rewrites such messages "
+            "under [compat] system_turns auto) or unknown; all 0 until checked.",
+            labels=["backend", "model", "profile", "late_system"],
+        )
+        for name, backend in self._supervised().items():
+            check = getattr(backend, "chat_template", None)
+            found = getattr(check, "late_system", None)
+            spec = getattr(backend, "spec", None)
+            values = [name, getattr(spec, "model", ""), getattr(spec, "profile", "")]
+            for late_system in get_args(LateSystem):
+                family.add_metric([*values, late_system], 1.0 if found == late_system else 0.0)
         return family
 
     def _supervised(self) -> dict[str, object]:

@@ -109,8 +109,8 @@ def render_status(
 
 
 _BACKEND_COLUMNS = (
-    "backend", "profile", "state", "draft control", "pid", "restarts", "in-flight", "uptime",
-    "last error",
+    "backend", "profile", "state", "draft control", "late system", "pid", "restarts",
+    "in-flight", "uptime", "last error",
 )  # fmt: skip
 
 
@@ -123,11 +123,12 @@ def _backends_table(backends: list[dict[str, Any]]) -> str:
                 b.get("profile"),
                 b.get("state"),
                 b.get("draft_control"),
+                _late_system(b.get("chat_template")),
                 b.get("pid"),
                 b.get("restarts"),
                 _in_flight(b.get("in_flight"), b.get("slots")),
                 _seconds(b.get("uptime_s")),
-                _short(b.get("last_error")),
+                _short(b.get("cause") or b.get("last_error"), 60),
             ]
             for b in backends
         ],
@@ -246,6 +247,11 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     if not rows:
         lines.append("(none yet)")
     return "\n".join(lines)
+
+
+def _late_system(check: object) -> object:
+    """The chat-template check's verdict (supervisor.template_check), None until checked."""
+    return check.get("late_system") if isinstance(check, dict) else None
 
 
 def _in_flight(in_flight: object, slots: object) -> str:

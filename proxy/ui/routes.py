@@ -37,12 +37,13 @@ _HEADERS = {
 FILES = web.AppKey("ui_files", dict)
 
 
-def link(host: str, port: int) -> str:
-    """The page's address for the start-up banner; the admin key goes after `#key=`."""
+def link(host: str, port: int, key: str = "ADMIN_KEY") -> str:
+    """The page's address for the start-up banner and log: the admin key goes after `#key=`
+    (a placeholder unless the key is one the proxy made up for this run and shows anyway)."""
     shown = f"[{host}]" if ":" in host else host
-    if host in ("0.0.0.0", "::"):  # noqa: S104 - a listen address, shown, not bound here
+    if host in ("0.0.0.0", "::", ""):  # noqa: S104 - a listen address, shown, not bound here
         shown = "127.0.0.1"
-    return f"http://{shown}:{port}{PREFIX}/#key=ADMIN_KEY"
+    return f"http://{shown}:{port}{PREFIX}/#key={key}"
 
 
 def add_routes(app: web.Application) -> None:

@@ -23,6 +23,7 @@ from proxy.routing.choice import Reason
 from proxy.serving.connections import CLOSE_CAUSES
 from supervisor.draft_probe import DraftControl
 from supervisor.states import BackendState
+from supervisor.template_check import LateSystem
 from tests.support.harness import ADMIN_KEY, ProxyProcess, proxy_config, running_proxy
 from tests.support.traffic import (
     MODEL,
@@ -320,6 +321,7 @@ def test_label_values_are_bounded(run: Run) -> None:
         "reason": set(get_args(Reason)),
         "state": {state.value for state in BackendState},
         "control": set(get_args(DraftControl)),
+        "late_system": set(get_args(LateSystem)),
         "backend": {f"{MODEL}/{p}" for p in PROFILES},
         "request_class": {CLASS, UNROUTED},
         "cause": set(CLOSE_CAUSES),

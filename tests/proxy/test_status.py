@@ -178,6 +178,24 @@ def test_draft_control_is_the_same_in_status_admin_and_metrics(proxy: ProxyProce
         assert held[name] in ("per-request", "ignored") and "drafted" in reasons[name]
 
 
+def test_the_template_check_is_the_same_in_status_admin_and_metrics(proxy: ProxyProcess) -> None:
+    """The demo's setup-b simulator refuses a late system message, as the Qwen3.6 template."""
+    result = status("--url", proxy.url, "--admin-key", ADMIN_KEY)
+    assert result.returncode == 0, result.stderr
+    shown = {row["backend"]: row["late system"] for row in table(result.stdout, "Backends")}
+    _, admin = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)
+    held = {b["name"]: b["chat_template"]["late_system"] for b in admin["backends"]}
+    with urllib.request.urlopen(proxy.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    metric = {
+        sample.labels["backend"]: sample.labels["late_system"]
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "mtp_proxy_backend_late_system" and sample.value == 1
+    }
+    assert shown == held == metric == {f"mtp-demo/{p}": "refused" for p in PROFILES}
+
+
 def test_each_pool_process_runs_its_profiles_depth(proxy: ProxyProcess, sent: list[Sent]) -> None:
     result = status("--url", proxy.url, "--admin-key", ADMIN_KEY)
     assert result.returncode == 0, result.stderr

@@ -1,0 +1,184 @@
+"""Which settings the environment overrides: the effective value, the variable, where it was set
+(this shell, or the systemd unit's Environment=) and what the file says, for `check-config`.
+
+Environment variables beat the file (`MTP_PROXY_ROUTING__STATE_FILE` over `routing.state_file`),
+and the unit installed by deploy/systemd/install.sh sets some: without this report a value in
+the file can be silently not the one in force.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from proxy.config.reference import ENV_PREFIX, setting_docs, toml_value
+
+UNIT = Path("/etc/systemd/system/mtp-proxy.service")
+"""Where deploy/systemd/install.sh installs the unit."""
+NOT_SETTINGS = frozenset({"MTP_PROXY_ADMIN_KEY"})
+"""MTP_PROXY_* variables that are not settings: `mtp-proxy status` reads this one."""
+_REDACTED = '"[redacted]"'
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One MTP_PROXY_* variable and where it was set: "environment" or a unit file's path."""
+
+    name: str
+    value: str
+    origin: str
+
+
+@dataclass(frozen=True)
+class Override:
+    """A setting an environment variable sets, whatever the file says."""
+
+    key: str  # dotted: "routing.state_file"
+    variable: Variable
+    value: str  # the effective value as TOML, a secret redacted
+    file_value: str | None  # what the file says, as TOML; None: the file does not set it
+
+    def line(self) -> str:
+        said = (
+            f"the file says {self.file_value}"
+            if self.file_value is not None
+            else "the file does not set it"
+        )
+        return (
+            f"{self.key} = {self.value} from {self.variable.name} "
+            f"({_origin_words(self.variable.origin)}; {said})"
+        )
+
+
+def environment_variables(environ: Mapping[str, str]) -> dict[str, Variable]:
+    """The MTP_PROXY_* variables of a process environment, keyed by upper-case name."""
+    return {
+        name.upper(): Variable(name, value, "environment")
+        for name, value in environ.items()
+        if name.upper().startswith(ENV_PREFIX) and name.upper() not in NOT_SETTINGS
+    }
+
+
+def unit_variables(unit: Path) -> dict[str, Variable]:
+    """The MTP_PROXY_* assignments of a unit's Environment= lines and its drop-ins
+    (UNIT.d/*.conf, in name order), as systemd applies them: a later one wins, and an empty
+    `Environment=` clears what came before."""
+    assigned: dict[str, Variable] = {}
+    for path in [unit, *sorted(Path(f"{unit}.d").glob("*.conf"))]:
+        for value in _directive_values(path, "Environment"):
+            if not value.strip():
+                assigned.clear()
+                continue
+            for word in shlex.split(value):
+                name, eq, text = word.partition("=")
+                if eq and name.upper().startswith(ENV_PREFIX):
+                    assigned[name.upper()] = Variable(name, text, str(path))
+    return assigned
+
+
+def unit_config_file(unit: Path) -> Path | None:
+    """The `--config FILE` of the unit's ExecStart, or None."""
+    for value in _directive_values(unit, "ExecStart"):
+        words = shlex.split(value)
+        for i, word in enumerate(words):
+            if word == "--config" and i + 1 < len(words):
+                return Path(words[i + 1])
+            if word.startswith("--config="):
+                return Path(word.partition("=")[2])
+    return None
+
+
+def overrides(
+    settings: BaseModel, file_data: Mapping[str, Any], variables: Mapping[str, Variable]
+) -> tuple[list[Override], list[Variable]]:
+    """(the settings the variables set, the variables that name no setting)."""
+    by_variable = {doc.env_var: doc for doc in setting_docs() if doc.env_var is not None}
+    found, unknown = [], []
+    for name, variable in sorted(variables.items()):
+        doc = by_variable.get(name)
+        if doc is None:
+            unknown.append(variable)
+            continue
+        path = doc.key.split(".")
+        file_value = _lookup(file_data, path)
+        secret = "SecretStr" in str(doc.field.annotation)
+        found.append(
+            Override(
+                key=doc.key,
+                variable=variable,
+                value=_REDACTED if secret else _shown(_attribute(settings, path)),
+                file_value=(
+                    None
+                    if file_value is _MISSING
+                    else (_REDACTED if secret else _shown(file_value))
+                ),
+            )
+        )
+    return found, unknown
+
+
+def state_file_line(settings_state_file: Path | None, found: list[Override]) -> str:
+    """Which learned-statistics file is in force, and what set it."""
+    if settings_state_file is None:
+        return (
+            "learned statistics: not kept (routing.state_file unset): every start begins from "
+            "the priors"
+        )
+    source = next((o for o in found if o.key == "routing.state_file"), None)
+    where = (
+        f"from {source.variable.name} ({_origin_words(source.variable.origin)})"
+        if source is not None
+        else "from the file's routing.state_file"
+    )
+    return f"learned statistics: {settings_state_file} ({where})"
+
+
+_MISSING = object()
+
+
+def _lookup(data: Any, path: list[str]) -> Any:
+    for part in path:
+        if not isinstance(data, Mapping) or part not in data:
+            return _MISSING
+        data = data[part]
+    return data
+
+
+def _attribute(settings: Any, path: list[str]) -> Any:
+    for part in path:
+        settings = getattr(settings, part)
+    return settings
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    if isinstance(value, list) and value and isinstance(value[0], BaseModel):
+        value = [item.model_dump(mode="json") for item in value]
+    try:
+        return toml_value(value)
+    except TypeError:
+        return repr(value)
+
+
+def _origin_words(origin: str) -> str:
+    return "this shell's environment" if origin == "environment" else f"Environment= in {origin}"
+
+
+def _directive_values(path: Path, directive: str) -> list[str]:
+    """The values of `directive=` lines of a unit file (continuation lines joined)."""
+    try:
+        text = path.read_text("utf-8")
+    except OSError:
+        return []
+    values = []
+    for line in text.replace("\\\n", " ").splitlines():
+        name, eq, value = line.strip().partition("=")
+        if eq and name.strip() == directive:
+            values.append(value.strip())
+    return values
