@@ -67,12 +67,18 @@ A request, in the order it is served:
 - ``ops.bookkeeping``: what no client waits for (statistics, metrics, log lines), batched.
 - ``ops.request_log``: a request's id and its logger.
 - ``ops.metrics``: the proxy's Prometheus metrics.
+- ``ops.recent``: the last finished requests and the depth chart, for the live page.
 - ``serving.passthrough``: llama-server's other routes, forwarded or refused.
 
 Beside the requests:
 - ``ops.collectors``: metrics read at scrape time: backends, queues, what was learned.
-- ``ops.admin``: the /admin endpoints: backends, restarting one, the routing table, the service.
-- ``ops.status``: ``mtp-proxy status``: a running proxy's backends and routing, as tables.
+- ``ops.admin``: the /admin endpoints: backends, restarting one, the routing table, the
+  service, the live page's reads.
+- ``ops.live``: those reads: the depth each process runs now and why, requests, the chart.
+- ``routing.now``: read-only: the busy epoch each one-process backend is in, with its depth.
+- ``ui.routes``: the live page at /ui/: its static files (proxy/ui/static), no data in them.
+- ``ops.status``: ``mtp-proxy status``: a running proxy's backends, depths and routing, as
+  tables; ``--watch`` redraws them.
 
 Setting up a box (``mtp-proxy check-config`` and ``mtp-proxy init``):
 - ``ops.check_config``: ``check-config``: a configuration checked as the service will run it.

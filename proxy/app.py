@@ -31,6 +31,7 @@ from proxy.ops.drain import REQUESTS, RequestCount, count_requests, drain
 from proxy.ops.fail_fast import ModelCannotStartError
 from proxy.ops.learned_file import LearnedFile
 from proxy.ops.metrics import ProxyMetrics
+from proxy.ops.recent import RecentRequests
 from proxy.ops.reload import Reloader
 from proxy.plans.adopt import apply_plans, register_backends
 from proxy.plans.auto import on_ready, on_replaced
@@ -52,6 +53,7 @@ from proxy.serving.forward import Timeouts
 from proxy.serving.middlewares import auth_middleware, error_middleware
 from proxy.serving.model_names import ModelCatalog
 from proxy.state import STATE, ProxyState
+from proxy.ui import routes as ui
 from supervisor.backend import Backend
 from supervisor.states import BackendState
 from supervisor.supervisor import Supervisor
@@ -81,6 +83,9 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
         ),
         plans=plans_of(settings),
         learned_file=learned_file,
+        recent=RecentRequests(
+            settings.ui.recent_requests, settings.ui.chart_window_s, settings.ui.chart_step_s
+        ),
     )
     apply_plans(state)
     app = web.Application(
@@ -124,6 +129,7 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", handlers.metrics)
     passthrough.add_routes(app)
     admin.add_routes(app)
+    ui.add_routes(app)
 
 
 async def _connection_deadlines(app: web.Application) -> AsyncIterator[None]:
@@ -308,6 +314,7 @@ async def _serve_on(
             await site.start()
             port = _bound_port(runner)
             log.info("listening", host=settings.server.host, port=port)
+            _log_live_page(settings, port)
             app[STATE].listening = True
             _notify_ready_once_serving(app[STATE])
             if on_listening is not None:
@@ -337,6 +344,13 @@ async def _first_of(*waits: Awaitable[object]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
     for task in done:
         task.result()  # a trigger's own exception goes on up
+
+
+def _log_live_page(settings: Settings, port: int) -> None:
+    """Where the live page is (proxy.ui), and whether it can show anything."""
+    if settings.ui.enabled:
+        url = ui.link(settings.server.host, port)
+        log.info("live_page", url=url, admin_key_set=settings.server.admin_key is not None)
 
 
 def _tune_gc() -> None:

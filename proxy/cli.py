@@ -94,6 +94,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--url", help="the proxy's URL (default: http://127.0.0.1:8080)")
     status.add_argument("--admin-key", default=None, help="or set MTP_PROXY_ADMIN_KEY")
+    from proxy.ops.status import watch_seconds
+
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=watch_seconds,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) until Ctrl-C",
+    )
     from proxy.ops.init_config import add_parser as add_init
     from proxy.tune.command import add_parser as add_tune
 
@@ -121,7 +131,7 @@ def _status(args: argparse.Namespace) -> int:
         url = url or f"http://{host}:{settings.server.port}"
         admin = settings.server.admin_key
         key = key or (admin.get_secret_value() if admin is not None else None)
-    status: int = print_status(url or "http://127.0.0.1:8080", key)
+    status: int = print_status(url or "http://127.0.0.1:8080", key, args.watch)
     return status
 
 

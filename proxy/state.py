@@ -20,6 +20,7 @@ from proxy.ops.bookkeeping import Bookkeeping
 from proxy.ops.fail_fast import StartupWatch
 from proxy.ops.learned_file import LearnedFile
 from proxy.ops.metrics import ProxyMetrics
+from proxy.ops.recent import RecentRequests
 from proxy.plans.plan import ModelPlan
 from proxy.routing.router import Router
 from proxy.routing.spec_counters import SpecCounterTracker
@@ -64,6 +65,8 @@ class ProxyState:
     background: set[asyncio.Task[None]] = field(default_factory=set)
     bookkeeping: Bookkeeping = field(default_factory=Bookkeeping)
     request_ids: RequestIds = field(default_factory=RequestIds)
+    recent: RecentRequests = field(default_factory=RecentRequests)
+    """The last finished requests and the depth chart, for the live page (proxy.ops.recent)."""
     inflating: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
     """gzip request bodies inflated at once (proxy.serving.body)."""
     late_system: dict[str, LateSystem | None] = field(default_factory=dict)

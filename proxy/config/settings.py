@@ -495,6 +495,38 @@ class CompatSettings(BaseModel):
     )
 
 
+class UiSettings(BaseModel):
+    """The live page at /ui/ and what the proxy keeps for it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        default=True,
+        description="Serve the live page at /ui/. It shows data only with server.admin_key: "
+        "open http://HOST:PORT/ui/#key=ADMIN_KEY (the key stays in the fragment).",
+    )
+    recent_requests: int = Field(
+        default=500,
+        ge=1,
+        le=100_000,
+        description="Finished requests kept for the live page and GET /admin/requests, a ring: "
+        "the oldest goes first. Each takes about 0.5 kB.",
+    )
+    chart_window_s: int = Field(
+        default=900,
+        ge=60,
+        le=86_400,
+        description="Seconds of decode speed and acceptance per depth kept for the live page's "
+        "chart.",
+    )
+    chart_step_s: int = Field(
+        default=10,
+        ge=1,
+        le=600,
+        description="Seconds one point of that chart sums up.",
+    )
+
+
 class Settings(BaseSettings):
     """The whole configuration. Environment variables (MTP_PROXY_*) beat the file."""
 
@@ -530,6 +562,10 @@ class Settings(BaseSettings):
         default=CompatSettings(),
         description="What the proxy mends in requests and answers so that clients get from "
         "llama-server what they asked for.",
+    )
+    ui: UiSettings = Field(
+        default=UiSettings(),
+        description="The live page at /ui/ and what the proxy keeps for it.",
     )
 
     @classmethod

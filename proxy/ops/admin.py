@@ -1,5 +1,6 @@
 """Admin endpoints: backends (state, restarts, ...), restarting one, the learned routing table,
-and what the service runs (for `mtp-proxy tune --url`).
+what the service runs (for `mtp-proxy tune --url`), and the live page's reads: the depth each
+process runs now, recent requests, the depth chart.
 
 Disabled (404) unless an admin key is configured; then every call must present it.
 """
@@ -12,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.config.settings import ModelSettings
+from proxy.ops import live
 from proxy.plans.plan import ModelPlan, processes
 from proxy.serving.errors import error_response
 from proxy.serving.middlewares import key_matches, presented_key
@@ -25,6 +27,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/admin/backends/{name:.+}/restart", restart)
     app.router.add_get("/admin/routing", routing)
     app.router.add_get("/admin/service", service)
+    app.router.add_get("/admin/depths", depths)
+    app.router.add_get("/admin/requests", requests)
+    app.router.add_get("/admin/chart", chart)
 
 
 def _refusal(request: web.Request) -> web.Response | None:
@@ -37,7 +42,7 @@ def _refusal(request: web.Request) -> web.Response | None:
     return None
 
 
-async def backends(request: web.Request) -> web.Response:
+async def backends(request: web.Request) -> web.StreamResponse:
     if refusal := _refusal(request):
         return refusal
     state = request.app[STATE]
@@ -47,8 +52,9 @@ async def backends(request: web.Request) -> web.Response:
         row = supervised[backend.name].snapshot() if backend.name in supervised else {}
         row.update(name=backend.name, model=backend.model, profile=backend.profile)
         row.update(in_flight=backend.in_flight, slots=backend.slots)
+        row.update(queued=state.admission.queued(backend.model))  # the model's, waiting
         rows.append(row)
-    return web.json_response({"backends": rows})
+    return live.quiet_read(request, web.json_response({"backends": rows}))
 
 
 async def restart(request: web.Request) -> web.Response:
@@ -62,12 +68,47 @@ async def restart(request: web.Request) -> web.Response:
     return web.json_response({"restarting": name})
 
 
-async def routing(request: web.Request) -> web.Response:
+async def routing(request: web.Request) -> web.StreamResponse:
     if refusal := _refusal(request):
         return refusal
     state = request.app[STATE]
     state.bookkeeping.flush()  # what every request answered so far taught the router
-    return web.json_response(state.router.snapshot())
+    return live.quiet_read(request, web.json_response(state.router.snapshot()))
+
+
+async def depths(request: web.Request) -> web.StreamResponse:
+    """Per backend, the depth it runs now and why (its busy epoch, its last request)."""
+    if refusal := _refusal(request):
+        return refusal
+    state = request.app[STATE]
+    state.bookkeeping.flush()
+    return live.quiet_read(request, web.json_response(live.depths_view(state)))
+
+
+async def requests(request: web.Request) -> web.StreamResponse:
+    """Finished requests after ?after=SEQ (default: all kept), at most ?limit=N."""
+    if refusal := _refusal(request):
+        return refusal
+    numbers = {}
+    for name, default in (("after", 0), ("limit", live.MAX_ROWS)):
+        text = request.query.get(name, str(default))
+        if not text.isdigit() or len(text) > 18:
+            message = f"{name} must be a non-negative integer, not {text[:40]!r}"
+            return error_response("openai", 400, message)
+        numbers[name] = int(text)
+    state = request.app[STATE]
+    state.bookkeeping.flush()  # the requests that just finished
+    view = live.requests_view(state, numbers["after"], numbers["limit"])
+    return live.quiet_read(request, web.json_response(view))
+
+
+async def chart(request: web.Request) -> web.StreamResponse:
+    """Decode tok/s and acceptance per depth over the last minutes."""
+    if refusal := _refusal(request):
+        return refusal
+    state = request.app[STATE]
+    state.bookkeeping.flush()
+    return live.quiet_read(request, web.json_response(live.chart_view(state)))
 
 
 async def service(request: web.Request) -> web.Response:

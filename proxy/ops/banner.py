@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from proxy.config.settings import ModelSettings, Settings
+from proxy.ui.routes import link as ui_link
 from supervisor.flags import CTX_SIZE, PARALLEL, flag_value
 
 _WIDTH = 11  # the labels' column
@@ -47,11 +48,22 @@ def render_banner(
         "watch",
         [
             f"{status}   (backends, routing mix, what it learned)",
+            *_live_page(settings, port, admin_key),
             "the log below: one line per request (which profile, why); metrics: "
             + f"{url}/metrics",
         ],
     )
     return "\n".join(lines)
+
+
+def _live_page(settings: Settings, port: int, made_up_key: str | None) -> list[str]:
+    """The live page's link (proxy.ui): a configured admin key is never printed."""
+    if not settings.ui.enabled:
+        return []
+    if made_up_key is None and settings.server.admin_key is None:
+        return ["set server.admin_key to see the live page at /ui/"]
+    url = ui_link(settings.server.host, port, made_up_key or "ADMIN_KEY")
+    return [f"{url}   (live: each request, its depth and why; what each depth earned)"]
 
 
 def what_runs(model: ModelSettings) -> list[str]:

@@ -15,7 +15,7 @@ from structlog.typing import FilteringBoundLogger
 
 from proxy.apis import CLIENT_CLOSED, DEPTH_KEY, Api, dialect_of
 from proxy.compat.request import Chained, RequestMends, Rewriter
-from proxy.ops.request_log import LOGGED, request_logger
+from proxy.ops.request_log import LOGGED, request_id, request_logger
 from proxy.routing.router import Route
 from proxy.routing.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
 from proxy.serving.admission import QueueRefused
@@ -358,6 +358,8 @@ class Exchange:
             **({"mended": self.mends.applied} if self.mends.applied else {}),
             **fields,
         )
+        output = None if observation is not None else usage.output_tokens or usage.predicted_n
+        self._keep(relayed.status, elapsed, route, observation, relayed.streamed, output)
 
     def _abandoned(self) -> None:
         """The request still gets its count and log line, with where it went if it got that far."""
@@ -388,8 +390,36 @@ class Exchange:
                 duration_s=round(elapsed, 4),
                 error=message,
             )
+            self._keep(CLIENT_CLOSED, elapsed, route, stream=stream, error=message)
 
         self.state.bookkeeping.defer(record)
+
+    def _keep(
+        self,
+        status: int,
+        elapsed: float,
+        route: Route | None = None,
+        observation: Observation | None = None,
+        stream: bool = False,
+        output_tokens: int | None = None,
+        *,
+        error: str | None = None,
+    ) -> None:
+        """The request among the live page's recent requests (proxy.ops.recent)."""
+        self.state.recent.record(
+            request_id(self.request),
+            self.api,
+            self.model,
+            status,
+            elapsed,
+            stream,
+            route,
+            observation,
+            session_key=self.features.session_key,
+            own_depth=self.own_depth,
+            output_tokens=output_tokens,
+            error=error,
+        )
 
     def _where(self, route: Route) -> dict[str, str]:
         return {
@@ -406,6 +436,7 @@ class Exchange:
         def record() -> None:
             self.state.metrics.record_unrouted(self.api, status, elapsed, model=self.model)
             self.log.info("request", model=self.model, api=self.api, status=status, error=message)
+            self._keep(status, elapsed, error=message)
 
         self.state.bookkeeping.defer(record)
 

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from proxy.apis import Api, dialect_of
 from proxy.compat.request import RequestMends
 from proxy.config.settings import Settings
-from proxy.ops.request_log import LOGGED, request_logger
+from proxy.ops.request_log import LOGGED, request_id, request_logger
 from proxy.serving.body import BodyRefused, read_body
 from proxy.serving.errors import error_response
 from proxy.serving.exchange import Exchange
@@ -122,6 +122,9 @@ def refuse(
         request_logger(request, api).info(
             "request", status=status, error=message, duration_s=round(elapsed, 4)
         )
+        if status != 401:  # the live page's recent requests: a client's, not anyone's
+            rid = request_id(request)
+            state.recent.record(rid, api, "none", status, elapsed, False, None, None, error=message)
 
     state.bookkeeping.defer(record)
     return error_response(dialect_of(api), status, message, code=code)

@@ -42,6 +42,8 @@ def test_the_demo_banner_says_what_runs_in_truth() -> None:
     assert "curl -s http://127.0.0.1:8080/v1/chat/completions" in curl
     assert '"model":"mtp-demo"' in curl
     assert ".venv/bin/mtp-proxy status --url http://127.0.0.1:8080 --admin-key k3y-made-up" in text
+    # The live page with the key made up for this run: the link opens it as it is.
+    assert "http://127.0.0.1:8080/ui/#key=k3y-made-up   (live: " in text
 
 
 def test_a_configured_box_points_status_at_its_config(tmp_path: Path) -> None:
@@ -62,12 +64,23 @@ def test_a_configured_box_points_status_at_its_config(tmp_path: Path) -> None:
         settings, 9000, version="1", config_path=config, command="mtp-proxy", admin_key=None
     )
     assert "secret-of-the-file" not in text
+    assert "http://127.0.0.1:9000/ui/#key=ADMIN_KEY" in text  # the key itself: never printed
     assert f"mtp-proxy status --url http://127.0.0.1:9000 --config {config}" in text
     assert "Authorization: Bearer YOUR_KEY" in text
     assert what_runs(settings.models[0])[0] == (
         "qwen: /opt/mtp-proxy/llama-server/bin/llama-server on /srv/models/q.gguf "
         "(1 slots, -c 100000)"
     )
+
+
+def test_without_an_admin_key_the_banner_says_how_to_see_the_live_page() -> None:
+    settings = Settings(models=demo().models)
+    text = render_banner(
+        settings, 8080, version="1", config_path=Path("c.toml"), command="mtp-proxy",
+        admin_key=None,
+    )  # fmt: skip
+    assert "set server.admin_key to see the live page at /ui/" in text
+    assert "/ui/#key=" not in text
 
 
 @pytest.fixture
