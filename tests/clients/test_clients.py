@@ -290,16 +290,13 @@ def test_claude_code_stream_json(target: Target, tmp_path: Path) -> None:
 # --- Codex CLI --------------------------------------------------------------------------------
 
 
-def test_codex_exec_over_responses(target: Target, tmp_path: Path) -> None:
+def run_codex(target: Target, tmp_path: Path, model: str | None) -> Run:
+    """`codex exec "say hi"` with the README's config (no model line: Codex's own default)."""
     codex = client("node", "node_modules", ".bin", "codex")
     codex_home = tmp_path / "codex-home"
     codex_home.mkdir(parents=True)
-    # The model named as the user names it: a name Codex does not know gets its classic request
-    # shape. Its own current models' shape puts the tools in an `additional_tools` input item,
-    # which llama-server refuses ("Cannot determine type of 'item'").
     (codex_home / "config.toml").write_text(
-        f'model = "{target.model}"\n'
-        'model_provider = "mtp"\n'
+        (f'model = "{model}"\n' if model else "") + 'model_provider = "mtp"\n'
         "[model_providers.mtp]\n"
         'name = "mtp-proxy"\n'
         f'base_url = "{target.proxy.url}/v1"\n'
@@ -308,7 +305,14 @@ def test_codex_exec_over_responses(target: Target, tmp_path: Path) -> None:
     )
     env = {"CODEX_HOME": str(codex_home), "MTP_PROXY_KEY": KEY}
     argv = [codex, "exec", "--skip-git-repo-check", "say hi"]
-    run = run_client(target, argv, tmp_path, env)
+    return run_client(target, argv, tmp_path, env)
+
+
+def test_codex_exec_over_responses(target: Target, tmp_path: Path) -> None:
+    # The model named as the user names it: a name Codex does not know gets its classic request
+    # shape. Its own current models' shape puts the tools in an `additional_tools` input item,
+    # which llama-server refuses ("Cannot determine type of 'item'").
+    run = run_codex(target, tmp_path, target.model)
     generation = assert_served(run)
     assert all(x["path"] == "/v1/responses" for x in generation), run.describe()
     assert all(x["output_tokens"] for x in generation), run.describe()  # complete, not 499
@@ -317,20 +321,7 @@ def test_codex_exec_over_responses(target: Target, tmp_path: Path) -> None:
 def test_codex_exec_with_its_default_model(target: Target, tmp_path: Path) -> None:
     """No model in the config: Codex picks its own current model and its request shape (four
     leading developer items, the tools in an `additional_tools` input item)."""
-    codex = client("node", "node_modules", ".bin", "codex")
-    codex_home = tmp_path / "codex-home"
-    codex_home.mkdir(parents=True)
-    (codex_home / "config.toml").write_text(
-        'model_provider = "mtp"\n'
-        "[model_providers.mtp]\n"
-        'name = "mtp-proxy"\n'
-        f'base_url = "{target.proxy.url}/v1"\n'
-        'wire_api = "responses"\n'
-        'env_key = "MTP_PROXY_KEY"\n'
-    )
-    env = {"CODEX_HOME": str(codex_home), "MTP_PROXY_KEY": KEY}
-    argv = [codex, "exec", "--skip-git-repo-check", "say hi"]
-    run = run_client(target, argv, tmp_path, env)
+    run = run_codex(target, tmp_path, model=None)
     generation = assert_served(run)
     assert all(x["path"] == "/v1/responses" for x in generation), run.describe()
     assert all(x["output_tokens"] for x in generation), run.describe()
@@ -548,3 +539,46 @@ def call(target: Target, method: str, path: str, body: Any = None) -> tuple[int,
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+# --- a context too small for the agent --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    """A real llama-server whose context (4096 tokens) cannot hold an agent's first prompt."""
+    workdir = tmp_path_factory.mktemp("clients-small-context")
+    model_path = write_llama(workdir / "tiny-llama.gguf", LlamaConfig(n_ctx=8192))
+    args = ["-c", "4096", "-np", "1", "-t", "1", *template_args(QWEN35)]
+    model = llama_model(model_path, name="tiny", profiles=[{"name": "off"}], args=args)
+    config = proxy_config([model])
+    config["model_names"] = {"default": "tiny"}
+    with running_proxy(config, workdir) as proxy:
+        yield Target("llama-server-small-context", proxy, "tiny")
+
+
+def test_claude_code_reports_a_context_overflow_instead_of_retrying(
+    small_context: Target, tmp_path: Path
+) -> None:
+    """llama-server's overflow 400 becomes Anthropic's "prompt is too long: N tokens > M maximum",
+    which Claude Code reads: it weighs compacting, says why it cannot, and stops after one
+    request (on llama-server's own words it only quotes the provider)."""
+    claude = client("node", "node_modules", ".bin", "claude")
+    argv = [claude, "-p", "say hi", "--output-format", "stream-json", "--verbose"]
+    run = run_client(small_context, argv, tmp_path, claude_env(small_context))
+    assert run.result.returncode == 1, run.describe()
+    assert [x["status"] for x in run.lines if x["api"]] == [400], run.describe()
+    result = json.loads(run.result.stdout.splitlines()[-1])
+    assert result["terminal_reason"] == "prompt_too_long", run.describe()
+    assert result["api_error_type"] == "invalid_request_error", run.describe()
+    assert "(limit 4096)" in result["result"], run.describe()
+
+
+def test_codex_reports_a_context_overflow_instead_of_retrying(
+    small_context: Target, tmp_path: Path
+) -> None:
+    """The overflow as OpenAI's `context_length_exceeded`: Codex says the context is full."""
+    run = run_codex(small_context, tmp_path, small_context.model)
+    assert run.result.returncode == 1, run.describe()
+    assert [x["status"] for x in run.lines if x["api"]] == [400], run.describe()
+    assert "ran out of room in the model's context window" in run.result.stderr, run.describe()
