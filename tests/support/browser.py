@@ -97,6 +97,17 @@ class Browser:
     def console_errors(self) -> list[dict[str, Any]]:
         return [entry for entry in self.read_console() if entry["level"] == "SEVERE"]
 
+    def first_console_errors(self, what: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+        """The console's errors once there is one: chromedriver hands out an entry a moment
+        after the page has acted on what caused it (a refused load is drawn before it is
+        logged)."""
+        deadline = time.monotonic() + timeout
+        while not (errors := self.console_errors()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no console error within {timeout}s: {what}")
+            time.sleep(0.2)
+        return errors
+
     def screenshot(self, path: Path) -> bytes:
         png = base64.b64decode(self._call("GET", "/screenshot"))
         path.parent.mkdir(parents=True, exist_ok=True)
