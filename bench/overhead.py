@@ -19,10 +19,13 @@ and the largest number of paced streams mtp-proxy sustains at >= 0.98 x direct t
 (streams of --search-s seconds).
 
     python -m bench.overhead [--levels 1,64,256] [--tok-s 100] [--no-litellm] [--no-floor]
-                             [--baseline DIR] [--json]
+                             [--baseline DIR] [--live-page] [--json]
 
 ``--baseline DIR`` adds mtp-proxy as found in another checkout (`git worktree add DIR REV`):
-a change's before and after, measured in the same run.
+a change's before and after, measured in the same run. ``--live-page`` adds a second mtp-proxy
+of this checkout, ``mtp-proxy+page``, which one open live page (/ui/) reads all along: what a
+busy proxy pays for the page is that path against ``mtp-proxy``. ``p50 rounds`` is the range of
+the added p50 over the rounds, the noise to hold any difference against.
 """
 
 from __future__ import annotations
@@ -35,9 +38,12 @@ import secrets
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
+
+import aiohttp
 
 from bench.aiohttp_floor import start_floor
 from bench.load import cpu_seconds, paced_preset
@@ -52,6 +58,7 @@ CHAT = [{"role": "user", "content": "Tell me a short story about a lighthouse."}
 SUSTAINED = 0.98
 FLOOR = "aiohttp-floor"  # bench/aiohttp_floor.py: a relay and nothing else
 BASELINE = "baseline"  # mtp-proxy from --baseline DIR
+PAGE = "mtp-proxy+page"  # mtp-proxy of this checkout with one live page open (--live-page)
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,7 @@ class Target:
     name: str
     url: str
     pid: int | None  # the proxy process whose CPU time is counted (None: direct)
+    page: bool = False  # one live page reads it all along (--live-page)
 
 
 @dataclass(frozen=True)
@@ -93,8 +101,10 @@ class RunResult:
     wall_s: float = 0.0
     errors: int = 0
     cpu_s: float = 0.0
+    round_p50_s: list[float] = field(default_factory=list)  # latency p50 of each round added
 
     def add(self, other: RunResult) -> None:
+        self.round_p50_s.append(percentile([s.latency_s for s in other.samples], 0.5))
         self.samples += other.samples
         self.wall_s += other.wall_s
         self.errors += other.errors
@@ -287,6 +297,62 @@ async def quiesce(pids: list[int], timeout_s: float = 20.0) -> None:
             return
 
 
+# --- the live page -----------------------------------------------------------------------------
+# Issue 27 promises that a busy proxy pays nothing measurable for an open live page. The reader
+# below asks what one open page asks (proxy/ui/static/app.js, kept equal by tests/bench): its
+# files once, then every POLL_MS after the previous answers the backends, the depths and the
+# requests it has not seen, and every SLOW_EVERY-th poll the routing mix and the chart.
+
+PAGE_POLL_S = 1.5  # app.js POLL_MS
+PAGE_SLOW_EVERY = 3  # app.js SLOW_EVERY
+PAGE_KEEP_ROWS = 300  # app.js KEEP_ROWS
+PAGE_FILES = ("/ui/", "/ui/app.css", "/ui/app.js", "/ui/icon.svg")
+
+
+@dataclass
+class PageReader:
+    url: str
+    admin_key: str
+    statuses: Counter[str] = field(default_factory=Counter)  # "PATH STATUS" -> answers
+
+    async def run(self) -> None:
+        """Until cancelled; every answer is counted, so a refused or missing read shows."""
+        headers = {"Authorization": f"Bearer {self.admin_key}"}
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
+            for path in PAGE_FILES:
+                await self._get(session, path)
+            after = 0
+            for tick in itertools.count():
+                paths = ["backends", "depths", f"requests?after={after}&limit={PAGE_KEEP_ROWS}"]
+                if tick % PAGE_SLOW_EVERY == 0:
+                    paths += ["routing", "chart"]
+                answers = await asyncio.gather(*(self._get(session, "/admin/" + p) for p in paths))
+                after = _seen(answers[2], after)
+                await asyncio.sleep(PAGE_POLL_S)
+
+    async def _get(self, session: aiohttp.ClientSession, path: str) -> Any:
+        name = path.partition("?")[0]
+        try:
+            async with session.get(self.url + path) as response:
+                body = await response.read()
+                self.statuses[f"{name} {response.status}"] += 1
+                if response.status == 200 and path.startswith("/admin/"):
+                    return json.loads(body)
+        except (aiohttp.ClientError, TimeoutError):
+            self.statuses[f"{name} error"] += 1
+        return None
+
+
+def _seen(recent: Any, after: int) -> int:
+    """The last request the page has seen, as app.js keeps it (0 again after a restart)."""
+    if recent is None:
+        return after
+    if recent["last"] < after:
+        after = 0
+    return int(recent["requests"][-1]["seq"]) if recent["requests"] else after
+
+
 # --- figures -----------------------------------------------------------------------------------
 
 
@@ -297,7 +363,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def compare(direct: RunResult, proxied: RunResult, stream: bool) -> dict[str, float]:
+def compare(direct: RunResult, proxied: RunResult, stream: bool) -> dict[str, Any]:
     def pct(run: RunResult, q: float) -> float:
         return percentile([s.latency_s for s in run.samples], q)
 
@@ -305,8 +371,10 @@ def compare(direct: RunResult, proxied: RunResult, stream: bool) -> dict[str, fl
     gaps_proxied = [g for s in proxied.samples for g in s.gaps_s]
     rate = "stream_tok_s" if stream else "requests_per_s"
     served = len(proxied.samples)
+    rounds = [p - d for p, d in zip(proxied.round_p50_s, direct.round_p50_s, strict=True)]
     return {
         "added_p50_ms": 1000 * (pct(proxied, 0.5) - pct(direct, 0.5)),
+        "added_p50_rounds_ms": [1000 * min(rounds), 1000 * max(rounds)],
         "added_p99_ms": 1000 * (pct(proxied, 0.99) - pct(direct, 0.99)),
         "ratio": getattr(proxied, rate) / getattr(direct, rate),
         "added_gap_p99_ms": (
@@ -348,8 +416,10 @@ async def sustained_streams(
 
 
 def proxy_config(backends: dict[str, str], key: str) -> dict[str, Any]:
+    # Every mtp-proxy has the admin key, so with or without a page open they differ in one thing.
+    server = {"host": "127.0.0.1", "port": 0, "api_keys": [key], "admin_key": admin_key(key)}
     return {
-        "server": {"host": "127.0.0.1", "port": 0, "api_keys": [key]},
+        "server": server,
         "log": {"level": "info", "format": "json"},  # as deployed: one line per request
         "models": [
             {
@@ -363,15 +433,22 @@ def proxy_config(backends: dict[str, str], key: str) -> dict[str, Any]:
     }
 
 
+def admin_key(key: str) -> str:
+    return key.replace("sk-bench-", "sk-bench-admin-")
+
+
 @dataclass
 class Processes:
     simulators: list[ServerProcess] = field(default_factory=list)
     proxy: ProxyProcess | None = None
     floor: ServerProcess | None = None
     baseline: ProxyProcess | None = None
+    paged: ProxyProcess | None = None
     litellm: Any = None
 
     def stop(self) -> None:
+        if self.paged is not None:
+            self.paged.stop()
         if self.baseline is not None:
             self.baseline.stop()
         if self.floor is not None:
@@ -393,6 +470,10 @@ def start_all(workdir: Path, args: argparse.Namespace, key: str) -> tuple[Proces
     processes.proxy = start_proxy(proxy_config(backends, key), workdir / "proxy")
     proxy = processes.proxy
     targets = [Target("mtp-proxy", proxy.url, proxy.process.pid)]
+    if args.live_page:  # a twin of the proxy above, apart in one thing: a page reads it
+        paged = start_proxy(proxy_config(backends, key), workdir / "paged")
+        processes.paged = paged
+        targets.append(Target(PAGE, paged.url, paged.process.pid, page=True))
     if args.baseline is not None:  # the same proxy from another checkout, e.g. before a change
         baseline = start_proxy(
             proxy_config(backends, key), workdir / "baseline", checkout=args.baseline
@@ -411,6 +492,21 @@ def start_all(workdir: Path, args: argparse.Namespace, key: str) -> tuple[Proces
 
 
 async def run_all(
+    args: argparse.Namespace, targets: list[Target], backends: dict[str, str], key: str
+) -> dict[str, Any]:
+    readers = {t.name: PageReader(t.url, admin_key(key)) for t in targets if t.page}
+    tasks = [asyncio.create_task(reader.run()) for reader in readers.values()]
+    try:
+        report = await measure_all(args, targets, backends, key)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    report["live_page"] = {name: dict(reader.statuses) for name, reader in readers.items()}
+    return report
+
+
+async def measure_all(
     args: argparse.Namespace, targets: list[Target], backends: dict[str, str], key: str
 ) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {key}"}
@@ -457,6 +553,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="also measure mtp-proxy from this checkout (git worktree add DIR REV)",
     )
+    parser.add_argument(
+        "--live-page",
+        action="store_true",
+        help=f"also measure {PAGE}: this checkout's mtp-proxy with one live page reading it",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     args.levels = [int(c) for c in args.levels.split(",")]
@@ -493,6 +594,7 @@ def print_report(report: dict[str, Any], *, as_json: bool) -> None:
         "path",
         "added p50",
         "added p99",
+        "p50 rounds",
         "ratio",
         "gap +p99",
         "CPU s/1k",
@@ -504,6 +606,7 @@ def print_report(report: dict[str, Any], *, as_json: bool) -> None:
         cells += [
             f"{row['added_p50_ms']:.2f}ms",
             f"{row['added_p99_ms']:.2f}ms",
+            "{:.2f}..{:.2f}".format(*row["added_p50_rounds_ms"]),
             f"{row['ratio']:.3f}",
         ]
         cells += [
@@ -525,13 +628,20 @@ def print_report(report: dict[str, Any], *, as_json: bool) -> None:
                 f"LiteLLM added {q} / mtp-proxy added {q}, {where}: {times:.1f}x "
                 f"({theirs:.2f} vs {own:.2f} ms)"
             )
-    for row in (r for r in report["table"] if r["path"] in (FLOOR, BASELINE)):
-        ours = mtp[(row["workload"], row["concurrency"])]
-        print(
-            f"mtp-proxy minus {row['path']}, {row['workload']} x{row['concurrency']}: "
-            f"added p50 {ours['added_p50_ms'] - row['added_p50_ms']:+.2f} ms, "
-            f"added p99 {ours['added_p99_ms'] - row['added_p99_ms']:+.2f} ms"
-        )
+    rows = {(r["workload"], r["concurrency"], r["path"]): r for r in report["table"]}
+    pairs = [("mtp-proxy", FLOOR), ("mtp-proxy", BASELINE), (PAGE, "mtp-proxy"), (PAGE, BASELINE)]
+    for (workload, level, path), row in rows.items():
+        for ours_path in (ours for ours, theirs in pairs if theirs == path):
+            if (ours := rows.get((workload, level, ours_path))) is None:
+                continue
+            print(
+                f"{ours_path} minus {path}, {workload} x{level}: "
+                f"added p50 {ours['added_p50_ms'] - row['added_p50_ms']:+.2f} ms, "
+                f"added p99 {ours['added_p99_ms'] - row['added_p99_ms']:+.2f} ms"
+            )
+    for name, statuses in report.get("live_page", {}).items():
+        answers = ", ".join(f"{path} {count}" for path, count in sorted(statuses.items()))
+        print(f"live page reads of {name}: {answers}")
     print(f"paced streams at {report['tok_s']:g} tok/s, mtp-proxy tokens/s as a share of direct:")
     best = 0
     for level, ratio, direct_rate, proxied_rate in report["sustained"]:
