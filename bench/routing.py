@@ -2,7 +2,7 @@
 
     pip install -e '.[routing]'        # the base install plus tomli-w (writes the proxies' config)
     python -m bench.routing [--topology one-copy|pool] [--preset setup-a,setup-b]
-                            [--trace default|concurrent|NAME:SEED|FILE[,...]]
+                            [--trace default|concurrent|solo|NAME:SEED|FILE[,...]]
                             [--time-scale F] [--repeat N]
                             [--policies P,...] [--json] [--plot FILE.png] [--relearn]
 
@@ -70,7 +70,9 @@ and reports, per policy, where the code requests went, ten by ten.
 Traces: ``default`` is bench/traces/default.jsonl, bench.trace_gen's output for its default
 seed, shipped (~5 MB) so that every checkout replays the very same requests, and regenerated
 from the seed when absent. ``concurrent`` (agents fanning out into sub-agents beside chats) is
-generated from its seed on the fly. ``NAME:SEED`` is another seed of either generator
+generated from its seed on the fly, and so is ``solo`` (one person with one coding agent: a
+session growing from ~10k to ~130k tokens and an occasional short chat, strictly one request
+at a time). ``NAME:SEED`` is another seed of a generator
 (``default:2`` is ``trace_gen.default_trace(2)``, ``concurrent:1`` its ``concurrent_trace(1)``).
 Bigger workloads: ``python -m bench.trace_gen``. Several traces, comma-separated
 (``--trace default,default:2,default:3``), are replayed one after another, every preset on each;
@@ -273,7 +275,11 @@ def load_default_trace() -> list[TraceRequest]:
     return read_trace(path)
 
 
-GENERATED = {"default": trace_gen.default_trace, "concurrent": trace_gen.concurrent_trace}
+GENERATED = {
+    "default": trace_gen.default_trace,
+    "concurrent": trace_gen.concurrent_trace,
+    "solo": trace_gen.solo_trace,
+}
 
 
 def generated_trace(name: str) -> tuple[str, int] | None:
@@ -379,7 +385,7 @@ def _parser() -> argparse.ArgumentParser:
         "--trace",
         type=trace_names,
         default="default",
-        help="default | concurrent | NAME:SEED (another seed of those) | a JSON Lines file; "
+        help="default | concurrent | solo | NAME:SEED (another seed of those) | a JSON Lines file; "
         "several comma-separated: replayed in turn, with the mean over all runs",
     )
     p.add_argument("--topology", choices=sorted(TOPOLOGIES), default="one-copy")
