@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -175,21 +176,24 @@ class BusyDepths:
             state.speeds[(str(row["class"]), int(row["level"]), str(row["profile"]))] = speed
         return state, dropped
 
-    def gap(self, profile: str, reference: str) -> Gap:
+    def gap(self, profile: str, reference: str, priors: Mapping[int, float] | None = None) -> Gap:
         """``profile`` against ``reference``, class by class. Each class's difference counts by
         its share of the time measured at the two depths: what the process's throughput is
         made of (a few long agent prompts can take more of it than many short chats), where
         counting requests would let the short chats decide. How sure the mean is counts
         requests: each class's spread over the fewer of its two samples. A cell measured at
         ``reference`` only counts by its time there, at the measured cells' gap shrunk toward
-        ``PRIOR_GAP`` (``PRIOR_REQUESTS``), with ``PRIOR_SD`` and no weight as evidence."""
-        measured, unmeasured = [], []
+        ``PRIOR_GAP`` (``PRIOR_REQUESTS``), with ``PRIOR_SD`` and no weight as evidence.
+        ``priors``: per load level, the gap the backend's start-up calibration measured
+        (``proxy.routing.calibration``), in place of ``PRIOR_GAP`` at that level."""
+        measured: list[tuple[float, float, float, float]] = []
+        unmeasured: list[tuple[float, int]] = []
         for (label, level, p), own in self.speeds.items():
             if p != reference:
                 continue
             other = self.speeds.get((label, level, profile))
             if other is None:
-                unmeasured.append(own.weight)
+                unmeasured.append((own.weight, level))
                 continue
             n = min(own.requests, other.requests)
             spread = max((s for s in (own.sd, other.sd) if math.isfinite(s)), default=MIN_SD)
@@ -199,8 +203,13 @@ class BusyDepths:
         if evidence <= 0:
             return Gap(0.0, math.inf, 0.0)
         observed = sum(t * diff for t, diff, _, _ in measured) / sum(r[0] for r in measured)
-        guess = (evidence * observed + PRIOR_REQUESTS * PRIOR_GAP) / (evidence + PRIOR_REQUESTS)
-        rows = measured + [(t, guess, PRIOR_SD, 0.0) for t in unmeasured]
+        priors = priors or {}
+
+        def guess(level: int) -> float:
+            prior = priors.get(level, PRIOR_GAP)
+            return (evidence * observed + PRIOR_REQUESTS * prior) / (evidence + PRIOR_REQUESTS)
+
+        rows = measured + [(t, guess(level), PRIOR_SD, 0.0) for t, level in unmeasured]
         share = sum(r[0] for r in rows)
         mean = sum(t * diff for t, diff, _, _ in rows) / share
         variance = sum((t / share) ** 2 * sd**2 / max(n, 1.0) for t, _, sd, n in rows)
@@ -217,13 +226,21 @@ class Epoch:
 
 
 def next_busy_depth(
-    state: BusyDepths, cold: str, deep: str, min_samples: int, epoch: int, *, calm: bool = True
+    state: BusyDepths,
+    cold: str,
+    deep: str,
+    min_samples: int,
+    epoch: int,
+    *,
+    calm: bool = True,
+    priors: Mapping[int, float] | None = None,
 ) -> Epoch:
     """The next busy epoch: at ``cold`` or ``deep`` (see the module's docstring). ``calm``: the
-    process is idle now, so an exploring epoch's requests soon have it to themselves."""
+    process is idle now, so an exploring epoch's requests soon have it to themselves.
+    ``priors``: the calibrated gap of ``deep`` against ``cold`` per load level (``gap``)."""
     if cold == deep or state.samples(cold) < min_samples:
         return Epoch(cold)
-    gap = state.gap(deep, cold)
+    gap = state.gap(deep, cold, priors)
     chance = gap.chance_faster
     staying = state.profile == deep and not state.exploring
     if gap.weight >= min_samples / 2 and chance >= (STAY if staying else ENTER):

@@ -17,7 +17,9 @@ from proxy.routing.classes import RequestClass, neighbours
 from proxy.routing.features import ContentKind
 from proxy.routing.stats import Estimate
 
-Reason = Literal["pinned", "affinity", "learned", "explore", "rule", "spill", "fallback", "busy"]
+Reason = Literal[
+    "pinned", "affinity", "learned", "explore", "rule", "spill", "fallback", "busy", "collapsed"
+]
 
 FALLBACK_ORDER: dict[Role, tuple[Role, ...]] = {
     "max": ("max", "min", "off"),

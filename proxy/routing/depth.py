@@ -6,6 +6,8 @@ holding its cache, and its depth is chosen afresh for each request, in order:
 
 1. replica: the one holding the session's cache if it has room, else the least loaded.
 2. pin: ``X-MTP-Profile`` names a profile: its depth, whatever else decodes.
+   collapsed: the replica's drafts stopped being accepted (``proxy.routing.collapse``): depth 0,
+   but for a drafting trial at the deepest depth once its back-off is over.
 3. busy (unless the model allows mixed depths): a request that will decode beside others gets
    the depth of the process's current busy epoch (``busy``: one depth for the process while it
    is busy, learned from what it achieved at each depth there).
@@ -13,7 +15,9 @@ holding its cache, and its depth is chosen afresh for each request, in order:
    (output tokens / (prefill + decode time)) measured at that level; a class short of data
    borrows the ranking of its neighbours at the same level.
 5. rule: cold start. Alone: short -> max, long code -> min, long prose -> off; beside others
-   (a model whose slots may mix depths): ``cold_busy_role`` (off). A depth whose learned
+   (a model whose slots may mix depths): ``cold_busy_role`` (off). A replica's start-up
+   calibration replaces both where it measured (``Replica.cold_roles``: beside others the
+   faster depth at that load; alone off if drafting lost even there). A depth whose learned
    acceptance is below break-even is skipped.
 6. explore: at most ``exploration_rate`` (``cold_exploration_rate`` while cold) of the free
    choices try another depth, untried first, then Thompson sampling; never past
@@ -30,10 +34,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.config.routing import RoutingSettings
+from proxy.config.routing import Role, RoutingSettings
 from proxy.routing import choice
 from proxy.routing.choice import Reason
 from proxy.routing.classes import RequestClass, classify_tokens, load_level
@@ -54,6 +58,13 @@ class Replica:
     """Decayed mean of the requests decoding at its recent admissions (each counting itself)."""
     busy_depth: str | None = None
     """The depth of its current busy epoch (``busy``): what requests beside others run at."""
+    cold_roles: Mapping[int, Role] = field(default_factory=dict)
+    """Its start-up calibration's cold rule per load level (``proxy.routing.calibration``);
+    a level not in it keeps the configured rules."""
+    collapsed: bool = False
+    """Its drafts' acceptance collapsed (``proxy.routing.collapse``): it serves depth 0 ..."""
+    trial: bool = False
+    """... except for a drafting trial, once its back-off is over."""
 
     @property
     def has_room(self) -> bool:
@@ -103,11 +114,19 @@ def decide_depth(
         if pinned in depths:
             return decision(pinned, "pinned", f"pin {features.pinned_profile}")
         note = f"pin {features.pinned_profile} unknown; "
+    if replica.collapsed:
+        shallowest = min(depths, key=lambda p: (depths[p], p))
+        if replica.trial:
+            deepest = max(depths, key=lambda p: (depths[p], p))
+            detail = f"{note}drafting trial on {replica.name} after an acceptance collapse"
+            return decision(deepest, "collapsed", detail)
+        detail = f"{note}acceptance collapsed on {replica.name}: depth {depths[shallowest]}"
+        return decision(shallowest, "collapsed", detail)
     busy = replica.busy_depth
     if level > 1 and not mixed and busy is not None and busy in depths:
         return decision(busy, "busy", f"{note}busy epoch of {replica.name} at {busy}")
     cls = classify_tokens(features.est_prompt_tokens, features.kind, settings)
-    chooser = _Choice(features, depths, stats, settings, cls, level)
+    chooser = _Choice(features, depths, stats, settings, cls, level, replica.cold_roles)
     profile, reason, detail = chooser.place()
     if choice.explores(reason, features.est_prompt_tokens, settings, rng):
         explored = chooser.explore(profile, rng)
@@ -132,8 +151,10 @@ class _Choice:
         settings: RoutingSettings,
         cls: RequestClass,
         level: int,
+        cold_roles: Mapping[int, Role],
     ) -> None:
         self.f, self.depths, self.s, self.cls, self.level = features, depths, settings, cls, level
+        self.cold_roles = cold_roles
 
         def view_of(c: RequestClass) -> Mapping[str, Estimate]:
             return {p: e for p, e in stats.view_at(c, level).items() if p in depths}
@@ -164,7 +185,10 @@ class _Choice:
 
     def _rule(self, at: str) -> tuple[str, Reason, str]:
         s = self.s
-        if self.level > 1:  # beside others
+        calibrated = self.cold_roles.get(self.level)
+        if calibrated is not None:  # what the replica measured at this load at start-up
+            role = calibrated
+        elif self.level > 1:  # beside others
             role = s.cold_busy_role
         else:
             role = choice.cold_role(self.f.est_prompt_tokens, self.f.kind, s)

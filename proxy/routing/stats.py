@@ -7,7 +7,9 @@ same cell: the estimate of a profile that is never chosen does not rot, explorat
 
 The per-model chars-per-token calibrator lives here too (it is learned and persisted alike).
 The state is a small JSON document, written atomically (temp file + os.replace) and loaded
-tolerantly (missing or corrupt file: start empty and say so in ``load_report``).
+tolerantly (missing or corrupt file: start empty and say so in ``load_report``). Version 1; the
+backends' start-up calibrations (``calibrations``, keyed by binary, model and flags) were added
+as an optional key: files without it load as before, and older readers ignore it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import structlog
 
 from proxy.config.routing import RoutingSettings, decay_factor
 from proxy.routing.busy import BusyDepths
+from proxy.routing.calibration import Calibration
 from proxy.routing.classes import RequestClass, bucket_labels
 from proxy.routing.features import IMAGE_TOKENS, TEMPLATE_TOKENS_PER_MESSAGE, RequestFeatures
 from proxy.routing.telemetry import Observation
@@ -258,6 +261,8 @@ class LearnedStats:
         self._cells: dict[tuple[str, RequestClass, int], dict[str, _Cell]] = {}
         self.busy: dict[str, BusyDepths] = {}
         """Per-request process (backend name) -> its busy epochs and what it measured there."""
+        self.calibrations: dict[str, Calibration] = {}
+        """Start-up calibrations by key (binary, model, flags: proxy.routing.calibrate)."""
         self.calibrator = TokenCalibrator(
             settings.chars_per_token, settings.chars_per_token_half_life
         )
@@ -293,6 +298,22 @@ class LearnedStats:
         min_samples = self._settings.min_samples
         cells = self._cells.get((model, cls, level), {})
         return {p: c.estimate(min_samples) for p, c in cells.items()}
+
+    def learned_acceptance(self, cls: RequestClass, profile: str, model: str = "") -> float | None:
+        """A class's trusted acceptance at a profile, drafted-token weighted over load levels;
+        None before min_samples drafted requests."""
+        drafted = accepted = count = 0.0
+        for level in (0, *self._settings.concurrency_levels):
+            cell = self._cells.get((model, cls, level), {}).get(profile)
+            if cell is not None:
+                drafted, accepted, count = (
+                    drafted + cell.drafted,
+                    accepted + cell.accepted,
+                    count + cell.acc_n,
+                )
+        if count < self._settings.min_samples or drafted <= 0:
+            return None
+        return accepted / drafted
 
     def for_model(self, model: str) -> ModelStats:
         """The policy's StatsView of one model."""
@@ -348,6 +369,7 @@ class LearnedStats:
             "cells": cells,
             "chars_per_token": self.calibrator.to_json(),
             "busy": {name: busy.to_json() for name, busy in sorted(self.busy.items())},
+            "calibrations": {key: c.to_json() for key, c in sorted(self.calibrations.items())},
         }
         return json.dumps(state, separators=(",", ":")).encode()
 
@@ -374,6 +396,7 @@ class LearnedStats:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             stats._cells.clear()
             stats.busy.clear()
+            stats.calibrations.clear()
             stats.load_report = f"corrupt ({exc!r}): starting empty"
             log.warning("stats_state_corrupt", error=repr(exc))
             return stats
@@ -404,6 +427,8 @@ class LearnedStats:
         for name, rows in state.get("busy", {}).items():  # files from before: none
             self.busy[str(name)], lost = BusyDepths.from_json(rows, class_labels)
             dropped += lost
+        for key, data in state.get("calibrations", {}).items():  # files from before: none
+            self.calibrations[str(key)] = Calibration.from_json(data)
         return kept, dropped
 
 
