@@ -217,7 +217,7 @@ async def sim_acceptance_scale(request: web.Request) -> web.Response:
     body = await json_body(request)
     spec = body.get("acceptance_scale")
     if not isinstance(spec, str):
-        raise BadRequest("'acceptance_scale' must be a string such as \"0.01\" or \"code=0.5\"")
+        raise BadRequest('\'acceptance_scale\' must be a string such as "0.01" or "code=0.5"')
     try:
         engine.acceptance_scale = parse_acceptance_scale(spec)
     except ValueError as exc:
