@@ -76,6 +76,13 @@ class RoutingSettings(BaseModel):
         ge=1,
         description="Observations of a (class, profile) before its estimate is trusted.",
     )
+    change_detection: bool = Field(
+        default=True,
+        description="Explore a class again when its speed moves far from what it learned. A "
+        "trusted cell's decode speeds are tracked against its mean (a CUSUM in log speed: "
+        "proxy/routing/stats.py); on a signal the class's cells keep one observation's weight "
+        "and lose their trust, as ik_llama.cpp's autotune resets on a task change.",
+    )
     half_life_samples: float = Field(
         default=50.0,
         gt=1.0,

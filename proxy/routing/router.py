@@ -531,6 +531,7 @@ class Router:
             "collapse": {
                 name: guard.report(self.clock()) for name, guard in sorted(self.guards.items())
             },
+            "changes": list(self.stats.changes),
             "state": self.stats.load_report,
         }
 

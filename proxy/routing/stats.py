@@ -34,9 +34,20 @@ from proxy.routing.features import IMAGE_TOKENS, TEMPLATE_TOKENS_PER_MESSAGE, Re
 from proxy.routing.telemetry import Observation
 
 _STATE_VERSION = 1
+CHANGE_SLACK = 0.15
+"""Change detection (``_Cell.observe``): a trusted cell's decode speeds are compared with its
+learned mean in log space, a two-sided CUSUM with this slack (~16 %, about a class's own spread
+of per-request speeds) ..."""
+CHANGE_LIMIT = 1.0
+"""... which signals a change past this sum: a speed halved signals at the 2nd request, -30 %
+at the 6th, +50 % at the 5th, while noise of the slack's size alone practically never adds up
+to it (tests/unit/test_stats.py). On a signal
+the class's cells (every profile, that load level) keep one observation's weight and lose their
+trust, so the class explores again (ik_llama.cpp's autotune resets on a task change)."""
 _MIN_DECODE_TOKENS = 4  # shorter outputs give no meaningful decode rate
 _MIN_PREFILL_TOKENS = 32  # below this the fixed per-request overhead dominates
 _MAX_STATE_BYTES = 64 << 20  # a state file is kilobytes; anything far larger is not ours
+_MAX_CHANGES = 20  # changes kept for /admin/routing
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +107,8 @@ class _Cell:
         "accepted",
         "decode",
         "drafted",
+        "drift_down",
+        "drift_up",
         "est",
         "load",
         "output",
@@ -111,9 +124,14 @@ class _Cell:
         self.accepted = 0.0
         self.acc_w = 0.0
         self.acc_n = 0.0
+        self.drift_up = self.drift_down = 0.0  # the change detector's two sums (CHANGE_SLACK)
         self.est: Estimate | None = None  # cached until the next observation
 
-    def observe(self, obs: Observation, d: float, prior_prefill: float, load: float) -> None:
+    def observe(
+        self, obs: Observation, d: float, prior_prefill: float, load: float, min_samples: int
+    ) -> bool:
+        """Add one observation; True when its decode speed, with the trusted ones before it,
+        says the cell's speed moved far from what it learned (``CHANGE_LIMIT``)."""
         for mean in (self.decode, self.prefill, self.output, self.load):
             mean.decay(d)
         self.drafted *= d
@@ -132,7 +150,9 @@ class _Cell:
             rate = self.prefill.value() or prior_prefill
             busy = obs.total_s - (ptoks or 0) / rate
             decode = out / busy if busy > 0 else None
+        changed = False
         if decode is not None and out is not None and out >= _MIN_DECODE_TOKENS:
+            changed = self._drifted(decode, min_samples)
             self.decode.add(decode)
             self.load.add(max(load, 0.0))
         if obs.draft_n is not None and obs.draft_n_accepted is not None:
@@ -140,6 +160,28 @@ class _Cell:
             self.accepted += min(obs.draft_n_accepted, obs.draft_n)
             self.acc_w += 1.0
             self.acc_n += 1.0
+        return changed
+
+    def _drifted(self, decode: float, min_samples: int) -> bool:
+        mean = self.decode.value()
+        if self.decode.n < min_samples or mean is None or mean <= 0 or decode <= 0:
+            return False
+        step = math.log(decode / mean)
+        self.drift_up = max(0.0, self.drift_up + step - CHANGE_SLACK)
+        self.drift_down = max(0.0, self.drift_down - step - CHANGE_SLACK)
+        return max(self.drift_up, self.drift_down) > CHANGE_LIMIT
+
+    def forget(self) -> None:
+        """Keep one observation's weight of everything and no trust: the class explores again,
+        and its next observations outweigh what it learned before the change."""
+        for mean in (self.decode, self.prefill, self.output, self.load):
+            mean.w, mean.n = min(mean.w, 1.0), 0.0
+        if self.acc_w > 1.0:
+            self.drafted, self.accepted = self.drafted / self.acc_w, self.accepted / self.acc_w
+            self.acc_w = 1.0
+        self.acc_n = 0.0
+        self.drift_up = self.drift_down = 0.0
+        self.est = None
 
     def estimate(self, min_samples: int) -> Estimate:
         if self.est is None:
@@ -263,6 +305,8 @@ class LearnedStats:
         """Per-request process (backend name) -> its busy epochs and what it measured there."""
         self.calibrations: dict[str, Calibration] = {}
         """Start-up calibrations by key (binary, model, flags: proxy.routing.calibrate)."""
+        self.changes: list[dict[str, object]] = []
+        """The last classes whose speed moved far from what they had learned (``observe``)."""
         self.calibrator = TokenCalibrator(
             settings.chars_per_token, settings.chars_per_token_half_life
         )
@@ -280,8 +324,25 @@ class LearnedStats:
     ) -> None:
         """Add one observation; ``load``: other requests on its backend meanwhile (mean);
         ``level``: its load level on a per-request process (0: a pool backend)."""
-        cell = self._cells.setdefault((model, cls, level), {}).setdefault(profile, _Cell())
-        cell.observe(obs, self._decay, self._settings.prior_prefill_tok_s, load)
+        cells = self._cells.setdefault((model, cls, level), {})
+        cell = cells.setdefault(profile, _Cell())
+        learned = cell.decode.value()
+        settings = self._settings
+        changed = cell.observe(
+            obs, self._decay, settings.prior_prefill_tok_s, load, settings.min_samples
+        )
+        if changed and settings.change_detection:
+            for each in cells.values():
+                each.forget()
+            change: dict[str, object] = {
+                "model": model,
+                "class": cls.label + (f"@{level}" if level else ""),
+                "profile": profile,
+                "learned_tok_s": _round(learned),
+                "measured_tok_s": _round(obs.decode_tok_s),
+            }
+            self.changes = [*self.changes[-(_MAX_CHANGES - 1) :], change]
+            structlog.get_logger("proxy.routing.stats").info("class_changed", **change)
 
     def estimate(
         self, cls: RequestClass, profile: str, *, model: str = "", level: int = 0
