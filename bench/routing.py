@@ -63,9 +63,14 @@ the time scale, and it decides races (which request reaches a backend first) tha
 the routing (how much, per time scale: docs/benchmarks.md, "Repeatability"). ``--repeat N``
 prints the largest difference between runs, per ratio and per policy.
 
-``--relearn`` replays the "shift" trace (short chats whose content turns from prose to code
-half-way) on a pool whose max profile drafts badly on code (``--acceptance-scale code=0.25``)
-and reports, per policy, where the code requests went, ten by ten.
+``--relearn`` shows how fast a policy follows a change. On one copy (the default) it replays the
+"relearn" trace (short prose and code chats throughout) and half-way turns the backend's code
+acceptance down (POST /sim/acceptance-scale ``code=0.2``: drafting stops paying on code); it
+reports, per policy (adaptive, and adaptive without change detection beside it), where the code
+requests after the change went ten by ten, and after how many of them the proxy said the code
+class had changed. With ``--topology pool`` it replays the "shift" trace (content turning from
+prose to code half-way) on a pool whose max profile drafts badly on code
+(``--acceptance-scale code=0.25``).
 
 Traces: ``default`` is bench/traces/default.jsonl, bench.trace_gen's output for its default
 seed, shipped (~5 MB) so that every checkout replays the very same requests, and regenerated
@@ -99,10 +104,12 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from bench import trace_gen
 from bench.processes import ProxyProcess, start_proxy
@@ -118,6 +125,7 @@ from bench.routing_replay import Pinner, Replayer
 from bench.routing_report import PolicyRun, mean_report, mean_table, plot, ratios, table
 from bench.routing_topology import (
     ADMIN_KEY,
+    NO_DETECTION,
     POOL_ROW,
     PROFILES,
     STATIC_PREFIX,
@@ -133,8 +141,13 @@ POLICIES = {
     "one-copy": (*STATICS, "adaptive", "hindsight", "greedy", POOL_ROW),
     "pool": (*STATICS, "adaptive", "greedy"),  # hindsight: with --static-pool shared only
 }
-RELEARN_POLICIES = ("static:max", "rules", "adaptive", "greedy")
-RELEARN_COLLAPSE = "code=0.25"  # --acceptance-scale of the max profile in the re-learn run
+RELEARN_POLICIES = ("static:max", "rules", "adaptive", "greedy")  # on a pool
+RELEARN_COLLAPSE = "code=0.25"  # --acceptance-scale of the max profile in the pool's re-learn run
+RELEARN_ONE_COPY = ("static:off", "static:max", "adaptive", NO_DETECTION, "greedy")
+RELEARN_CHANGE = "code=0.2"
+"""One copy's re-learn run: the backend's code acceptance from the change on. On setup-b's short
+code chats depth 3 then decodes at ~0.95x depth 0 instead of ~1.57x: drafting stops paying,
+without a collapse (drafted acceptance ~17 %, over the guard's 15 %)."""
 
 
 def wait_ready(proxy: ProxyProcess, timeout: float = 60.0) -> list[dict[str, Any]]:
@@ -204,7 +217,7 @@ def run_policy(
 
         async def replay() -> float:
             try:
-                return await replayer.run(trace, show if progress else None)
+                return await replayer.run(trace, show if progress else None, _timed(rows, cfg))
             finally:
                 if oracle is not None:
                     await oracle.close()
@@ -213,9 +226,33 @@ def run_policy(
         if progress:
             print(file=sys.stderr)
         classes = _classes_of(proxy, len(replayer.outcomes) + len(replayer.errors))
+        events = [line for line in proxy.log_lines() if line.get("event") in _EVENTS]
     finally:
         proxy.stop()
-    return PolicyRun(policy, cfg.time_scale, replayer.outcomes, replayer.errors, wall, classes)
+    run = PolicyRun(policy, cfg.time_scale, replayer.outcomes, replayer.errors, wall, classes)
+    run.events = events
+    return run
+
+
+_EVENTS = ("request", "class_changed", "acceptance_collapsed", "acceptance_recovered")
+
+
+def _timed(
+    rows: list[dict[str, Any]], cfg: BenchConfig
+) -> list[tuple[float, Callable[[], Awaitable[None]]]]:
+    """One copy's re-learn run: the backend's code acceptance changes at the trace's change."""
+    if cfg.change is None or cfg.topology != "one-copy":
+        return []
+    url, change = str(rows[0]["url"]), cfg.change
+
+    async def turn() -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(url + "/sim/acceptance-scale", json={"acceptance_scale": change}) as r,
+        ):
+            r.raise_for_status()
+
+    return [(trace_gen.SHIFT_AT, turn)]
 
 
 def _classes_of(proxy: ProxyProcess, sent: int, timeout: float = 5.0) -> dict[int, str]:
@@ -329,13 +366,23 @@ def trace_names(value: str) -> list[str]:
 # --- re-learn ---------------------------------------------------------------------------------
 
 
-def relearn_report(trace: list[TraceRequest], runs: dict[str, PolicyRun]) -> dict[str, Any]:
-    """Per policy: where the code requests after the shift went, window by window."""
-    shifted = trace_gen.shifted_requests(trace)
-    out: dict[str, Any] = {"shifted_requests": len(shifted), "collapsed_profile": "max"}
+def relearn_report(
+    trace: list[TraceRequest], runs: dict[str, PolicyRun], topology: str = "pool"
+) -> dict[str, Any]:
+    """Per policy: where the code requests after the shift went, window by window. A pool: the
+    shift trace's code requests and the max profile's process, bad on code from the start. One
+    copy: the relearn trace's code requests after the backend's code acceptance turned down,
+    and whether they drafted (min or max) or not; and after how many of them the proxy said the
+    code class had changed (its log's class_changed)."""
+    one_copy = topology == "one-copy"
+    shifted = (trace_gen.changed_requests if one_copy else trace_gen.shifted_requests)(trace)
+    out: dict[str, Any] = {
+        "shifted_requests": len(shifted),
+        "collapsed_profile": "min/max" if one_copy else "max",
+    }
     for name, run in runs.items():
         seq = sorted((o for o in run.outcomes if o.index in shifted), key=lambda o: o.sent)
-        on_max = [o.profile == "max" for o in seq]
+        on_max = [(o.profile != "off") if one_copy else (o.profile == "max") for o in seq]
         windows = [sum(on_max[i : i + 10]) for i in range(0, len(on_max), 10)]
         # re-learned: the first code request that learned statistics sent elsewhere
         learned = [i for i, o in enumerate(seq) if o.reason == "learned" and o.profile != "max"]
@@ -348,26 +395,50 @@ def relearn_report(trace: list[TraceRequest], runs: dict[str, PolicyRun]) -> dic
             "to_collapsed_after_share": round(sum(after) / len(after), 3) if after else None,
             "goodput_tok_s": sum(o.output_tokens for o in seq) / waited if waited else 0.0,
         }
+        if one_copy:
+            out[name]["detected_after"] = _detected_after(run, shifted)
     return out
 
 
+def _detected_after(run: PolicyRun, shifted: set[int]) -> int | None:
+    """How many of the changed code requests had been answered when the proxy first said a code
+    class changed (None: it never did)."""
+    answered = 0
+    for line in run.events:
+        if line.get("event") == "request":
+            try:
+                answered += int(str(line.get("request_id")), 16) in shifted
+            except ValueError:
+                continue
+        elif line.get("event") == "class_changed" and answered and "/code" in str(line["class"]):
+            return answered
+    return None
+
+
 def relearn_table(report: dict[str, Any]) -> str:
+    profile = report["collapsed_profile"]
+    if profile == "max":
+        what = f"the max profile drafts badly on code ({RELEARN_COLLAPSE})"
+    else:
+        what = f"the backend's code acceptance turned down then ({RELEARN_CHANGE})"
     lines = [
-        f"re-learn: {report['shifted_requests']} code requests after the shift; the "
-        f"{report['collapsed_profile']} profile drafts badly on code ({RELEARN_COLLAPSE})",
-        f"{'policy':<12} {'goodput':>8} {'relearned':>9} {'max after':>9}  "
-        "sent to max, per 10 code requests",
+        f"re-learn: {report['shifted_requests']} code requests after the change; {what}",
+        f"{'policy':<18} {'goodput':>8} {'detected':>8} {'relearned':>9} {'drafting':>9}  "
+        f"sent to {profile}, per 10 code requests",
     ]
     for name, r in report.items():
         if isinstance(r, dict):
             share = r["to_collapsed_after_share"]
+            detected = r.get("detected_after")
             lines.append(
-                f"{name:<12} {r['goodput_tok_s']:8.2f} {r['relearned_after'] or '-':>9} "
+                f"{name:<18} {r['goodput_tok_s']:8.2f} {detected or '-':>8} "
+                f"{r['relearned_after'] or '-':>9} "
                 f"{'-' if share is None else f'{share:.0%}':>9}  {r['to_collapsed_per_10']}"
             )
     lines.append(
-        "(relearned: the n-th code request is the first that learned statistics sent away "
-        "from max; max after: share of the later ones still sent there, load spills included)"
+        "(detected: code requests answered when the proxy said the code class changed; "
+        f"relearned: the n-th code request is the first that learned statistics sent away from "
+        f"{profile}; drafting: share of the later ones still sent there, spills included)"
     )
     return "\n".join(lines)
 
@@ -419,11 +490,16 @@ def main(argv: list[str] | None = None) -> int:
     topology = args.topology
     if "hindsight" in policies and topology == "pool" and args.static_pool != "shared":
         _parser().error("hindsight on a pool needs --static-pool shared (the same hardware)")
-    if args.relearn:
+    change = None
+    if args.relearn and topology == "pool":
         traces = {"shift": trace_gen.shift_trace()}
         policies = [p for p in policies if p in RELEARN_POLICIES] or list(RELEARN_POLICIES)
         extra = {"max": ["--acceptance-scale", RELEARN_COLLAPSE]}
-        topology = "pool"  # the collapse is one profile's process: only a pool has one
+    elif args.relearn:  # one copy: the backend's code acceptance turns down half-way
+        traces = {"relearn": trace_gen.relearn_trace()}
+        listed = [p for p in policies if p in RELEARN_ONE_COPY]
+        policies = listed if args.policies else list(RELEARN_ONE_COPY)
+        change = RELEARN_CHANGE
     else:
         traces = {name: load_trace(name) for name in args.trace}
     configs = [
@@ -436,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
             args.static_pool,
             extra,
             routing,
+            change,
         )
         for preset in presets
     ]
@@ -489,7 +566,7 @@ def run_trace(
                     "cells": cells_report(reference.hindsight, runs, reference.classes),
                 }
             if args.relearn:
-                entry["relearn"] = relearn_report(trace, runs)
+                entry["relearn"] = relearn_report(trace, runs, topology)
             run_out[cfg.preset] = entry
             if not args.json:
                 title = f"{cfg.preset}, {topology}, trace {name}"

@@ -23,6 +23,8 @@ logs as tool results, now and then a short instruction from the user), and betwe
 occasional short chat, all strictly one after another (one replay group: each request waits for
 the previous answer), so the process decodes one request at a time. About 50 requests, ~9 MB;
 generated from its seed when asked for (``bench.routing --trace solo``), not shipped.
+relearn: short prose and code chats throughout ~1,200 trace seconds (bench.routing --relearn on one
+copy turns the backend's code acceptance down half-way).
 tiny: a handful of small requests for the benchmark's smoke test.
 
 Requests name the model ``mtp-demo`` and carry only what a client sends: no hints for the proxy.
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -431,6 +434,42 @@ def shift_trace(seed: int = DEFAULT_SEED, sessions: int = 40, turns: int = 4) ->
     return b.trace()
 
 
+def relearn_trace(
+    seed: int = DEFAULT_SEED, sessions: int = 48, turns: int = 3
+) -> list[TraceRequest]:
+    """Short chat sessions, prose and code in turn, before and after ``SHIFT_AT``: the content
+    stays; what changes at ``SHIFT_AT`` is the backend (bench.routing --relearn turns its code
+    acceptance down then, a drafter that went bad on code while the proxy runs)."""
+    b = _Builder(random.Random(seed + 3000))
+    for n in range(sessions):
+        at = 2 * SHIFT_AT * n / sessions
+        api = ("chat", "completions", "responses", "messages")[n % 4]
+        b.chat(at, api, n % 2 == 1, 1 if api == "completions" else turns)
+    return b.trace()
+
+
+def changed_requests(trace: list[TraceRequest]) -> set[int]:
+    """Indices of the relearn trace's code requests sent after the change (``SHIFT_AT``)."""
+    return {r.index for r in trace if r.at >= SHIFT_AT and _is_code(r)}
+
+
+def _is_code(r: TraceRequest) -> bool:
+    """A chat that asks one of the code questions (its first user text, in any API's shape)."""
+    strings = list(_strings(r.body))
+    return any(q in s for q in text.CODE_QUESTIONS for s in strings)
+
+
+def _strings(value: object) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
 def shifted_requests(trace: list[TraceRequest]) -> set[int]:
     """Indices of the shift trace's code requests: those of sessions begun after the shift."""
     first: dict[str | None, float] = {}
@@ -464,6 +503,7 @@ SCENARIOS = {
     "concurrent": concurrent_trace,
     "solo": solo_trace,
     "shift": shift_trace,
+    "relearn": relearn_trace,
     "tiny": tiny_trace,
     "tiny-concurrent": tiny_concurrent_trace,
 }
