@@ -119,6 +119,7 @@ from bench.routing_reference import (
     HindsightPin,
     cells_report,
     cells_table,
+    choice_estimates,
     hindsight,
 )
 from bench.routing_replay import Pinner, Replayer
@@ -193,6 +194,7 @@ def _pinner(
 class Reference:
     hindsight: Hindsight
     classes: dict[int, str]
+    estimates: dict[str, Any]
 
 
 def run_policy(
@@ -299,7 +301,8 @@ def run_preset(
             for run in runs.values():
                 classes = {**run.classes, **classes}
             static_runs = {p.removeprefix(STATIC_PREFIX): runs[p] for p in statics}
-            reference = Reference(hindsight(static_runs, classes), classes)
+            estimates = choice_estimates(static_runs, classes)
+            reference = Reference(hindsight(static_runs, classes), classes, estimates)
         for policy in others:
             runs[policy] = run_policy(policy, trace, cfg, Path(tmp), progress, reference)
     return {p: runs[p] for p in [*statics, *others]}, reference
@@ -564,6 +567,7 @@ def run_trace(
                 entry["reference"] = {
                     "fallback": reference.hindsight.fallback,
                     "cells": cells_report(reference.hindsight, runs, reference.classes),
+                    "estimates": reference.estimates,
                 }
             if args.relearn:
                 entry["relearn"] = relearn_report(trace, runs, topology)
@@ -573,6 +577,7 @@ def run_trace(
                 print(f"\nrun {repeat + 1}: " + table(title, summaries, entry["ratios"]))
                 if reference is not None:
                     print(cells_table(entry["reference"]["cells"]))
+                    print(f"perfect choices, estimated from the static runs: {reference.estimates}")
                 if args.relearn:
                     print(relearn_table(entry["relearn"]))
         result["runs"].append(run_out)

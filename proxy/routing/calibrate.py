@@ -34,7 +34,7 @@ import aiohttp
 import structlog
 
 from proxy.config.routing import RoutingSettings
-from proxy.routing.calibration import Calibration, Cell
+from proxy.routing.calibration import Calibration, Cell, KindCell
 from proxy.routing.stats import LearnedStats
 
 DEPTH_KEY = "speculative.n_max"
@@ -101,6 +101,7 @@ class _Answer:
     drafted: int
     accepted: int
     backend_ms: float
+    context: float  # prompt tokens + half the answer: where on the context axis it decoded
 
 
 async def _complete(
@@ -130,23 +131,32 @@ async def _complete(
         drafted = int(timings.get("draft_n") or 0)
         accepted = int(timings.get("draft_n_accepted") or 0)
         prompt_ms = float(timings.get("prompt_ms") or 0.0)
+        context = int(timings.get("prompt_n") or 0) + int(timings.get("cache_n") or 0)
     except (ValueError, KeyError, TypeError):
         raise CalibrationFailed(f"{what}: the answer has no usable timings") from None
     if n < 2 or ms <= 0:
         raise CalibrationFailed(f"{what}: decoded {n} tokens in {ms} ms")
-    return _Answer(1e3 * n / ms, drafted, accepted, prompt_ms + ms)
+    return _Answer(1e3 * n / ms, drafted, accepted, prompt_ms + ms, context + n / 2)
 
 
 async def _burst(
-    session: aiohttp.ClientSession, url: str, model: str, depth: int, load: int, tokens: int
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    depth: int,
+    load: int,
+    tokens: int,
+    kinds: list[KindCell],
 ) -> tuple[Cell, float]:
     """``load`` requests at once (alone: the code prompt, then the prose prompt, one after the
-    other); the cell and the backend time it took."""
+    other, each also kept by its kind in ``kinds``); the cell and the backend time it took."""
     if load == 1:
         answers = [
             await _complete(session, url, model, prompt, depth, tokens) for prompt in PROMPTS
         ]
         backend_ms = sum(a.backend_ms for a in answers)
+        for kind, answer in zip(("code", "prose"), answers, strict=True):
+            kinds.append(KindCell(kind, depth, answer.tok_s, answer.context))
     else:
         prompts = [f"{PROMPTS[i % 2]}#{i}\n" for i in range(load)]
         answers = list(
@@ -175,13 +185,14 @@ async def measure(
     """Depth 0 and ``deepest``, alone and with every slot decoding (see the module docstring)."""
     started, wall = time.time(), time.monotonic()
     cells: list[Cell] = []
+    kinds: list[KindCell] = []
     backend_s = 0.0
     loads = sorted({1, slots})
     try:
         async with asyncio.timeout(timeout_s):
             for load in loads:
                 for depth in (0, deepest):
-                    cell, spent = await _burst(session, url, model, depth, load, tokens)
+                    cell, spent = await _burst(session, url, model, depth, load, tokens, kinds)
                     cells.append(cell)
                     backend_s += spent
     except TimeoutError:
@@ -199,6 +210,7 @@ async def measure(
         backend_s=backend_s,
         measured_at=started,
         tokens=tokens,
+        alone_kinds=tuple(kinds),
     )
 
 

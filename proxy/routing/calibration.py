@@ -47,6 +47,18 @@ class Cell:
 
 
 @dataclass(frozen=True, slots=True)
+class KindCell:
+    """One alone request of the calibration: its content kind, depth, speed and mean context
+    (prompt + half the answer): a first point of that kind's context trend
+    (``choice.trend_estimates``)."""
+
+    kind: str
+    depth: int
+    tok_s: float
+    context: float
+
+
+@dataclass(frozen=True, slots=True)
 class Calibration:
     """One backend's measurement, keyed by its binary, model and flags (``key``)."""
 
@@ -65,6 +77,8 @@ class Calibration:
     tokens: int = 0
     """Output tokens of each request."""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    alone_kinds: tuple[KindCell, ...] = ()
+    """The alone requests one by one, by content kind (calibrations from before: none)."""
 
     @property
     def loads(self) -> list[int]:
@@ -147,6 +161,9 @@ class Calibration:
             "measured_at": round(self.measured_at, 3),
             "tokens": self.tokens,
             "notes": list(self.notes),
+            "alone_kinds": [
+                [k.kind, k.depth, round(k.tok_s, 4), round(k.context, 1)] for k in self.alone_kinds
+            ],
         }
 
     @classmethod
@@ -173,6 +190,7 @@ class Calibration:
             measured_at=float(data.get("measured_at", 0.0)),
             tokens=int(data.get("tokens", 0)),
             notes=tuple(str(n) for n in data.get("notes", ())),
+            alone_kinds=tuple(_kind_cell(row) for row in data.get("alone_kinds", ())),
         )
 
     def report(self, levels: Iterable[int]) -> dict[str, Any]:
@@ -191,6 +209,15 @@ class Calibration:
             ],
             "levels": self.findings(levels),
         }
+
+
+def _kind_cell(row: object) -> KindCell:
+    if not isinstance(row, list) or len(row) != 4 or row[0] not in ("code", "prose"):
+        raise ValueError(f"not an alone calibration request: {row!r}")
+    cell = KindCell(str(row[0]), int(row[1]), float(row[2]), float(row[3]))
+    if cell.depth < 0 or not (cell.tok_s > 0 and cell.context >= 0):
+        raise ValueError(f"not an alone calibration request: {row!r}")
+    return cell
 
 
 def _fraction(value: object) -> float | None:

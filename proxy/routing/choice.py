@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import replace
 from typing import Literal
 
 from proxy.config.routing import Role, RoutingSettings
-from proxy.routing.classes import RequestClass, neighbours
+from proxy.routing.classes import RequestClass, bucket_labels, neighbours
 from proxy.routing.features import ContentKind
 from proxy.routing.stats import Estimate
 
@@ -54,6 +55,85 @@ def borrowed_estimates(
         if trusted_count(view, profiles) >= 2:
             return {**view, **{p: e for p, e in own.items() if e.trusted}}, donor
     return own, cls
+
+
+TREND_WEIGHT_CAP = 5.0
+"""A bucket's weight in the trend fit: its observation count, capped (a bucket seen a hundred
+times must not make a line through one point)."""
+TREND_MIN_SPAN = 4096.0
+"""The trend needs buckets at least this many tokens of context apart (else it has no slope)."""
+
+
+def trend_estimates(
+    view_of: ClassView,
+    cls: RequestClass,
+    profiles: Collection[str],
+    settings: RoutingSettings,
+    tokens: int,
+    extra: Mapping[str, tuple[float, float]] | None = None,
+) -> dict[str, Estimate]:
+    """Per profile, the decode speed its cells of the same content kind in the context buckets
+    point to at ``tokens`` of context: a line through (mean context, seconds per token),
+    weighted by each cell's observations (``TREND_WEIGHT_CAP``), never falling with context.
+    Time per token, not speed: a step's cost grows linearly with the context (verification
+    attends over all of it) while the accepted tokens per step fall slowly, so time per token is
+    close to linear; on the simulator's presets a line through 10k-75k predicts depth 0 at
+    100k-120k exactly and depth 3 within 3-5 %, where a line in log speed was 10-17 % low.
+    Each a copy of that profile's nearest cell with the predicted speed; empty unless two
+    profiles have one (a ranking needs two). ``extra``: per profile one more point (context,
+    tok/s) of weight 1: what the backend's start-up calibration measured alone on a short prompt
+    of this kind.
+
+    Why: a class short of data borrowed its neighbours' ranking as it was, but drafting's
+    advantage falls with context in every published measurement (verification attends over
+    the whole context while acceptance falls: published-figures.md, "Long context and
+    content"), so the ranking a longer bucket needs is the trend of the shorter ones, not
+    their level: a session growing past 64k tokens reaches the crossover where no shorter
+    bucket has it (the solo trace, docs/benchmarks.md)."""
+    points: dict[str, list[tuple[float, float, float]]] = {}
+    nearest: dict[str, tuple[float, Estimate]] = {}
+    for label in bucket_labels(settings.context_buckets):
+        for profile, e in view_of(RequestClass(label, cls.kind)).items():
+            if profile not in profiles or not e.decode_tok_s or e.context_tokens is None:
+                continue
+            if e.count < 1:
+                continue
+            weight = min(float(e.count), TREND_WEIGHT_CAP)
+            points.setdefault(profile, []).append((e.context_tokens, 1.0 / e.decode_tok_s, weight))
+            distance = abs(e.context_tokens - tokens)
+            if profile not in nearest or distance < nearest[profile][0]:
+                nearest[profile] = (distance, e)
+    for profile, (context, tok_s) in (extra or {}).items():
+        if profile in profiles and tok_s > 0:
+            points.setdefault(profile, []).append((context, 1.0 / tok_s, 1.0))
+    out: dict[str, Estimate] = {}
+    for profile, pts in points.items():
+        if profile not in nearest:
+            continue  # a calibration point alone: no cell to take the rest from
+        line = rising_line(pts)
+        if line is None:
+            continue
+        intercept, slope = line
+        seconds = intercept + slope * tokens
+        if seconds <= 0:
+            continue
+        out[profile] = replace(nearest[profile][1], decode_tok_s=1.0 / seconds, trusted=True)
+    return out if len(out) >= 2 else {}
+
+
+def rising_line(points: list[tuple[float, float, float]]) -> tuple[float, float] | None:
+    """Weighted least squares y = a + b x with b >= 0; None without two points far enough
+    apart."""
+    xs = [x for x, _, _ in points]
+    if len(points) < 2 or max(xs) - min(xs) < TREND_MIN_SPAN:
+        return None
+    w = sum(p[2] for p in points)
+    mx = sum(x * wt for x, _, wt in points) / w
+    my = sum(y * wt for _, y, wt in points) / w
+    sxx = sum(wt * (x - mx) ** 2 for x, _, wt in points)
+    sxy = sum(wt * (x - mx) * (y - my) for x, y, wt in points)
+    slope = max(sxy / sxx, 0.0) if sxx > 0 else 0.0
+    return my - slope * mx, slope
 
 
 def expected_output_tokens(
@@ -133,17 +213,22 @@ def learned_detail(
 
 
 def explores(
-    reason: Reason, prompt_tokens: int, settings: RoutingSettings, rng: random.Random
+    reason: Reason,
+    prompt_tokens: int,
+    settings: RoutingSettings,
+    rng: random.Random,
+    *,
+    cold: bool = False,
+    max_tokens: int | None = None,
 ) -> bool:
-    """Whether this free choice explores: a choice still made by the cold rules at
-    ``cold_exploration_rate`` (bounded: only until two profiles are trusted there), a learned
-    one at the small steady ``exploration_rate``; never past ``exploration_max_tokens``."""
-    rate = settings.cold_exploration_rate if reason == "rule" else settings.exploration_rate
-    return (
-        settings.learning
-        and prompt_tokens < settings.exploration_max_tokens
-        and rng.random() < rate
-    )
+    """Whether this free choice explores: a choice still made by the cold rules (or ``cold``:
+    by a neighbour's ranking) at ``cold_exploration_rate`` (bounded: only until two profiles
+    are trusted there), a learned one at the small steady ``exploration_rate``; never past
+    ``max_tokens`` (default ``exploration_max_tokens``)."""
+    cold = cold or reason == "rule"
+    rate = settings.cold_exploration_rate if cold else settings.exploration_rate
+    limit = settings.exploration_max_tokens if max_tokens is None else max_tokens
+    return settings.learning and prompt_tokens < limit and rng.random() < rate
 
 
 def thompson_speed(mean: float, spread: float, samples: float, rng: random.Random) -> float:

@@ -19,9 +19,10 @@ holding its cache, and its depth is chosen afresh for each request, in order:
    calibration replaces both where it measured (``Replica.cold_roles``: beside others the
    faster depth at that load; alone off if drafting lost even there). A depth whose learned
    acceptance is below break-even is skipped.
-6. explore: at most ``exploration_rate`` (``cold_exploration_rate`` while cold) of the free
-   choices try another depth, untried first, then Thompson sampling; never past
-   ``exploration_max_tokens``, and on long contexts never a depth known to lose much.
+6. explore: at most ``exploration_rate`` (``cold_exploration_rate`` while cold: placed by the
+   rules or by a neighbour's ranking) of the free choices try another depth, untried in the
+   class first, then Thompson sampling; at any prompt length (every depth shares the cache),
+   but on long contexts never a depth known to lose much.
 
 The load level of a request is what will decode beside it: the requests in flight on the
 replica plus itself, or the replica's recent concurrency if higher (so the first request of a
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from proxy.config.routing import Role, RoutingSettings
@@ -61,6 +62,9 @@ class Replica:
     cold_roles: Mapping[int, Role] = field(default_factory=dict)
     """Its start-up calibration's cold rule per load level (``proxy.routing.calibration``);
     a level not in it keeps the configured rules."""
+    alone_points: Mapping[str, Mapping[str, tuple[float, float]]] = field(default_factory=dict)
+    """Per content kind, per profile: (context, tok/s) its calibration measured alone on a short
+    prompt (the first point of the kind's context trend, at load level 1)."""
     collapsed: bool = False
     """Its drafts' acceptance collapsed (``proxy.routing.collapse``): it serves depth 0 ..."""
     trial: bool = False
@@ -126,13 +130,22 @@ def decide_depth(
     if level > 1 and not mixed and busy is not None and busy in depths:
         return decision(busy, "busy", f"{note}busy epoch of {replica.name} at {busy}")
     cls = classify_tokens(features.est_prompt_tokens, features.kind, settings)
-    chooser = _Choice(features, depths, stats, settings, cls, level, replica.cold_roles)
+    chooser = _Choice(features, depths, stats, settings, cls, level, replica)
     profile, reason, detail = chooser.place()
-    if choice.explores(reason, features.est_prompt_tokens, settings, rng):
+    # Every depth shares the process's prefix cache: a long prompt explored at another depth
+    # costs that request's decode only, not later turns' re-prefill as on a pool, so there is
+    # no exploration_max_tokens here (long contexts still never explore a depth known to lose
+    # much). A class placed by its neighbours' ranking is still cold: it explores at the cold
+    # rate until it has its own two trusted depths.
+    prompt = features.est_prompt_tokens
+    if choice.explores(reason, prompt, settings, rng, cold=chooser.cold, max_tokens=_NO_LIMIT):
         explored = chooser.explore(profile, rng)
         if explored is not None:
             profile, reason, detail = explored, "explore", f"explore {explored} (was {profile})"
     return decision(profile, reason, f"{note}{detail}")
+
+
+_NO_LIMIT = 1 << 62
 
 
 def _replica_order(r: Replica) -> tuple[bool, bool, float, str]:
@@ -151,24 +164,52 @@ class _Choice:
         settings: RoutingSettings,
         cls: RequestClass,
         level: int,
-        cold_roles: Mapping[int, Role],
+        replica: Replica,
     ) -> None:
         self.f, self.depths, self.s, self.cls, self.level = features, depths, settings, cls, level
-        self.cold_roles = cold_roles
+        self.cold_roles = replica.cold_roles
 
         def view_of(c: RequestClass) -> Mapping[str, Estimate]:
             return {p: e for p, e in stats.view_at(c, level).items() if p in depths}
 
-        self.est, self.source = choice.borrowed_estimates(view_of, cls, depths, settings)
+        own = {p: e for p, e in view_of(cls).items() if e.trusted}
+        extra = replica.alone_points.get(cls.kind) if level == 1 else None
+        tokens = features.est_prompt_tokens
+        trend = choice.trend_estimates(view_of, cls, depths, settings, tokens, extra)
+        self.trended = bool(trend)
+        """The class is placed by the context trend of its kind (``choice.trend_estimates``):
+        a prediction at this request's own context, where the class's cells average its whole
+        bucket (64k+ spans 64k to the context's end); its own cells fill the depths the trend
+        lacks."""
+        self.est: Mapping[str, Estimate]
+        if trend:
+            self.est, self.source = {**own, **trend}, cls
+        elif len(own) >= 2:
+            self.est, self.source = view_of(cls), cls
+        else:
+            self.est, self.source = choice.borrowed_estimates(view_of, cls, depths, settings)
+        self.own = own
+        # What exploration counts as known: the trend's estimates (a prediction at this very
+        # context), or only the class's own (a neighbour's level is a prior, not a measurement).
+        self.known = self.trusted() if trend else own
+        self.cold = self.source != cls
+        """Explore at the cold rate: placed by a neighbour's level. Placed by the context trend
+        it explores at the steady rate, a depth without an estimate first."""
         self.out = choice.expected_output_tokens(self.est, features.max_tokens, settings)
+        rates = [e.prefill_tok_s for e in self.est.values() if e.prefill_tok_s]
+        self.prefill_tok_s = sum(rates) / len(rates) if rates else None
 
     def trusted(self) -> dict[str, Estimate]:
         return {p: e for p, e in self.est.items() if e.trusted}
 
     def expected_s(self, profile: str, decode: float | None = None) -> float:
+        """Prefill at the class's common rate, then decode at the profile's speed: every
+        depth's prompt is processed alike by the one process, so a per-depth prefill estimate
+        (each from other requests, other cache hits) would only add noise to the ranking."""
         e = self.est[profile]
         speed = decode if decode is not None else (e.decode_tok_s or self.s.prior_decode_tok_s)
-        return choice.service_s(e, self.f.est_prompt_tokens, self.out, speed, self.s)
+        common = replace(e, prefill_tok_s=self.prefill_tok_s)
+        return choice.service_s(common, self.f.est_prompt_tokens, self.out, speed, self.s)
 
     def guarded(self, profile: str) -> bool:
         """A drafting depth whose learned acceptance is below break-even."""
@@ -181,7 +222,8 @@ class _Choice:
         if len(trusted) < 2:
             return self._rule(at)
         best = min(trusted, key=lambda p: (self.expected_s(p), p))
-        return best, "learned", choice.learned_detail(at, trusted, self.source, self.cls)
+        detail = choice.learned_detail(at, trusted, self.source, self.cls)
+        return best, "learned", detail + (" (context trend)" if self.trended else "")
 
     def _rule(self, at: str) -> tuple[str, Reason, str]:
         s = self.s
@@ -200,12 +242,13 @@ class _Choice:
         return shallowest, "fallback", f"fallback {at}: no role profile usable"
 
     def explore(self, chosen: str, rng: random.Random) -> str | None:
-        """An exploration target, or None (Thompson sampling kept the choice)."""
+        """An exploration target, or None (Thompson sampling kept the choice). Untried: without
+        an estimate of this class's own or of its context trend."""
         return choice.exploration_target(
             chosen,
             self.depths,
             self.est,
-            self.trusted(),
+            self.known,
             long_context=self.f.est_prompt_tokens >= self.s.long_context_tokens,
             guarded=self.guarded,
             expected_s=self.expected_s,

@@ -183,6 +183,7 @@ class Router:
                 b.recent_load,
                 self._busy_depth(b.name, b.slots, per_request, calm=b.in_flight == 0),
                 self._cold_roles(b.name),
+                self._alone_points(b.name, per_request.depths),
                 collapsed=guarded and self._guard(b.name).collapsed,
                 trial=guarded and self._guard(b.name).trial_due(now),
             )
@@ -221,6 +222,21 @@ class Router:
         if calibration is None:
             return {}
         return calibration.cold_roles(self.settings.concurrency_levels)
+
+    def _alone_points(
+        self, backend: str, depths: Mapping[str, int]
+    ) -> dict[str, dict[str, tuple[float, float]]]:
+        """Per kind and profile, what the backend's calibration measured alone: the profiles
+        at its depth 0 and at its deepest depth."""
+        calibration = self.calibrated.get(backend)
+        if calibration is None:
+            return {}
+        out: dict[str, dict[str, tuple[float, float]]] = {}
+        for cell in calibration.alone_kinds:
+            for profile, depth in depths.items():
+                if depth == cell.depth:
+                    out.setdefault(cell.kind, {})[profile] = (cell.context, cell.tok_s)
+        return out
 
     def _busy_depth(
         self, backend: str, slots: int, per_request: PerRequestModel, *, calm: bool
@@ -357,12 +373,14 @@ class Router:
         learn: bool = True,
         single_depth_s: float = 0.0,
         single_depth_load: float = 0.0,
+        others_at_end: int | None = None,
     ) -> Observation:
         """The request's observation; learned from unless ``learn`` is False (it ran at a
         depth the client set itself, which is not its route's profile, or beside another
         depth). ``single_depth_s``: how long it ran while its process was busy at its depth only
         (what the busy epochs learn from, routing.busy), ``single_depth_load`` how many requests
-        decoded together then, on average."""
+        decoded together then, on average. ``others_at_end``: the other requests on its backend
+        when it ended (default: now)."""
         self._caches.release(route.backend.name, route.cache_key)
         scale = self.settings.clock_scale
         if scale != 1.0:  # every clock reading is scaled: their differences scale alike
@@ -405,7 +423,8 @@ class Router:
         if settings.learning and learn:
             # The load over the request's life: the mean of the others in flight when it was
             # sent and when it ended (the lease is released by now: in_flight counts others).
-            load = (route.in_flight + route.backend.in_flight) / 2.0
+            at_end = route.backend.in_flight if others_at_end is None else others_at_end
+            load = (route.in_flight + at_end) / 2.0
             # A per-request process keys its statistics by load level (this request counted).
             level = load_level(load + 1.0, settings) if route.depth is not None else 0
             parts.append(

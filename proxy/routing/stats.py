@@ -68,6 +68,9 @@ class Estimate:
     """Mean number of other requests on the backend while the decode speeds were measured:
     the speed already includes that load, so the policy scales it from this load to the
     current one instead of applying its load model on top (which counted load twice)."""
+    context_tokens: float | None = None
+    """Mean context (prompt tokens) of the requests whose decode speeds were measured: where a
+    class's speed sits on the context axis (``choice.trend_estimates``)."""
 
     def acceptance_trusted(self, min_samples: int) -> float | None:
         if self.acceptance is None or self.acceptance_count < min_samples:
@@ -105,6 +108,7 @@ class _Cell:
         "acc_n",
         "acc_w",
         "accepted",
+        "context",
         "decode",
         "drafted",
         "drift_down",
@@ -118,6 +122,7 @@ class _Cell:
     def __init__(self) -> None:
         self.decode = _Mean()
         self.load = _Mean()  # other requests in flight, weighted like the decode speeds
+        self.context = _Mean()  # prompt tokens, weighted like the decode speeds
         self.prefill = _Mean()
         self.output = _Mean()
         self.drafted = 0.0
@@ -132,7 +137,7 @@ class _Cell:
     ) -> bool:
         """Add one observation; True when its decode speed, with the trusted ones before it,
         says the cell's speed moved far from what it learned (``CHANGE_LIMIT``)."""
-        for mean in (self.decode, self.prefill, self.output, self.load):
+        for mean in (self.decode, self.prefill, self.output, self.load, self.context):
             mean.decay(d)
         self.drafted *= d
         self.accepted *= d
@@ -155,6 +160,8 @@ class _Cell:
             changed = self._drifted(decode, min_samples)
             self.decode.add(decode)
             self.load.add(max(load, 0.0))
+            if obs.context_tokens is not None:
+                self.context.add(float(obs.context_tokens))
         if obs.draft_n is not None and obs.draft_n_accepted is not None:
             self.drafted += obs.draft_n
             self.accepted += min(obs.draft_n_accepted, obs.draft_n)
@@ -174,7 +181,7 @@ class _Cell:
     def forget(self) -> None:
         """Keep one observation's weight of everything and no trust: the class explores again,
         and its next observations outweigh what it learned before the change."""
-        for mean in (self.decode, self.prefill, self.output, self.load):
+        for mean in (self.decode, self.prefill, self.output, self.load, self.context):
             mean.w, mean.n = min(mean.w, 1.0), 0.0
         if self.acc_w > 1.0:
             self.drafted, self.accepted = self.drafted / self.acc_w, self.accepted / self.acc_w
@@ -197,6 +204,7 @@ class _Cell:
                 output_tokens=self.output.value(),
                 trusted=self.decode.n >= min_samples,
                 decode_load=self.load.value() or 0.0,
+                context_tokens=self.context.value(),
             )
         return self.est
 
@@ -207,6 +215,7 @@ class _Cell:
             "output": [self.output.w, self.output.m, self.output.m2, self.output.n],
             "acceptance": [self.acc_w, self.drafted, self.accepted, self.acc_n],
             "load": [self.load.w, self.load.m, self.load.m2, self.load.n],
+            "context": [self.context.w, self.context.m, self.context.m2, self.context.n],
         }
 
     @classmethod
@@ -218,6 +227,8 @@ class _Cell:
         cell.acc_w, cell.drafted, cell.accepted, cell.acc_n = _floats(data["acceptance"], 4)
         if "load" in data:  # files written before the load was kept: measured as if idle
             cell.load = _Mean(*_floats(data["load"], 4))
+        if "context" in data:  # files written before the context was kept: no trend from it
+            cell.context = _Mean(*_floats(data["context"], 4))
         return cell
 
 

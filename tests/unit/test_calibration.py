@@ -14,7 +14,7 @@ import pytest
 from proxy.config.routing import RoutingSettings
 from proxy.routing.busy import PRIOR_GAP, BusyDepths, next_busy_depth
 from proxy.routing.calibrate import identity
-from proxy.routing.calibration import BUSY_MARGIN, Calibration, Cell
+from proxy.routing.calibration import BUSY_MARGIN, Calibration, Cell, KindCell
 from proxy.routing.classes import RequestClass
 from proxy.routing.depth import Replica, decide_depth
 from proxy.routing.stats import LearnedStats
@@ -31,7 +31,8 @@ def calibration(alone: float, busy: float, *, slots: int = 4) -> Calibration:
         Cell(slots, 0, 20.0, slots),
         Cell(slots, 3, 20.0 * busy, slots, 0.7),
     )
-    return Calibration("k", "llama-server", "m.gguf", slots, cells, 1.0, 20.0)
+    kinds = (KindCell("code", 0, 30.0, 100.0), KindCell("code", 3, 30.0 * alone, 100.0))
+    return Calibration("k", "llama-server", "m.gguf", slots, cells, 1.0, 20.0, alone_kinds=kinds)
 
 
 def test_beside_others_the_cold_pick_is_the_depth_measured_clearly_faster() -> None:
@@ -80,7 +81,12 @@ def test_json_round_trip_and_refusal() -> None:
     assert again.cold_roles(LEVELS) == c.cold_roles(LEVELS)
     assert again.speed(4, 3) == pytest.approx(24.0)
     assert again.acceptance() == pytest.approx(0.8)
+    assert again.alone_kinds == c.alone_kinds
+    older = {k: v for k, v in c.to_json().items() if k != "alone_kinds"}
+    assert Calibration.from_json(older).alone_kinds == ()  # measured before kinds were kept
     for bad in (
+        {**c.to_json(), "alone_kinds": [["poetry", 3, 40.0, 100.0]]},
+        {**c.to_json(), "alone_kinds": [["code", 3, 0.0, 100.0]]},
         {**c.to_json(), "cells": []},
         {**c.to_json(), "cells": [[1, 0, -3.0, 2, None]]},
         {**c.to_json(), "cells": [[1, 3, 30.0, 2, 1.5]]},

@@ -6,7 +6,10 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
+
 from proxy.config.routing import RoutingSettings
+from proxy.routing.choice import rising_line
 from proxy.routing.classes import RequestClass, load_level
 from proxy.routing.depth import DepthDecision, Replica, decide_depth
 from proxy.routing.features import ContentKind
@@ -34,6 +37,7 @@ def train(
     n: int = 10,
     acceptance: float = 0.8,
     out: int = 400,
+    context: int = 2000,
 ) -> None:
     drafted = 100 if DEPTHS[profile] else 0
     for _ in range(n):
@@ -41,7 +45,7 @@ def train(
             backend="m/one-copy",
             profile=profile,
             request_class=cls,
-            context_tokens=2000,
+            context_tokens=context,
             cached_tokens=0,
             output_tokens=out,
             draft_n=drafted or None,
@@ -172,8 +176,9 @@ def test_exploration_is_bounded_and_tries_the_untried_first() -> None:
     assert explored.reason == "explore" and explored.profile in ("off", "min")
     kept = run(500, settings=settings, rng=Draws(0.9))
     assert kept.reason == "rule"
-    # Never past exploration_max_tokens: a long prompt's wrong pick costs the most.
-    assert run(40_000, "code", settings=settings, rng=Draws(0.0)).reason == "rule"
+    # Long prompts explore too: every depth shares the process's cache, so a depth tried on a
+    # long prompt costs that request's decode only (a pool keeps exploration_max_tokens).
+    assert run(40_000, "code", settings=settings, rng=Draws(0.0)).reason == "explore"
     # Without learning: no exploration at all.
     frozen = RoutingSettings(learning=False, cold_exploration_rate=1.0)
     assert run(500, settings=frozen, rng=Draws(0.0)).reason == "rule"
@@ -228,3 +233,47 @@ def test_long_contexts_never_explore_a_depth_below_break_even() -> None:
         for seed in range(300)
     )
     assert picks["max"] == 0 and picks["min"] > 0, picks
+
+
+def test_a_longer_class_follows_the_context_trend_of_its_kind() -> None:
+    """A session growing past 64k tokens: the shorter buckets say drafting's lead shrinks with
+    context (setup-b's code: max 1.45x off at 10k, 1.33x at 24k, 1.12x at 48k), so the first
+    request past 64k starts at off, where their own level (max ahead) would have kept max."""
+    stats = LearnedStats(NO_EXPLORE)
+    for bucket, context, off, max_ in (
+        ("4k-16k", 10_000, 36.0, 52.0),
+        ("16k-32k", 24_000, 34.0, 45.0),
+        ("32k-64k", 48_000, 32.0, 36.0),
+    ):
+        cls = RequestClass(bucket, "code")
+        train(stats, cls, "off", off, n=3, context=context)
+        train(stats, cls, "max", max_, n=3, context=context)
+    far = run(90_000, "code", stats=stats)
+    assert (far.profile, far.reason) == ("off", "learned") and "context trend" in far.detail
+    near = run(52_000, "code", stats=stats)
+    assert near.profile == "max"  # the crossover is later: at 52k drafting still leads
+    prose = run(90_000, "prose", stats=stats)
+    assert prose.reason == "rule"  # another kind: its own trend, none yet
+
+
+def test_the_time_per_token_never_falls_with_context_and_needs_a_span() -> None:
+    assert rising_line([(10_000.0, 0.03, 1.0), (40_000.0, 0.02, 1.0)]) == (0.025, 0.0)
+    assert rising_line([(10_000.0, 0.03, 1.0), (12_000.0, 0.04, 1.0)]) is None
+    a, b = rising_line([(0.0, 0.02, 1.0), (10_000.0, 0.03, 3.0)]) or (0.0, 0.0)
+    assert (a, b) == pytest.approx((0.02, 1e-6))
+
+
+def test_the_calibration_gives_each_kind_its_first_trend_point_alone() -> None:
+    """One bucket measured: no line yet. The start-up calibration's short code prompt, alone at
+    depth 0 and at the deepest depth, is the second point of each line."""
+    stats = LearnedStats(NO_EXPLORE)
+    cls = RequestClass("4k-16k", "code")
+    train(stats, cls, "off", 36.0, n=3, context=10_000)
+    train(stats, cls, "max", 52.0, n=3, context=10_000)
+    assert run(90_000, "code", stats=stats).reason == "rule"
+    points = {"code": {"off": (100.0, 37.6), "max": (100.0, 59.0)}}
+    calibrated = Replica("m/one-copy", True, 0, 4, alone_points=points)
+    d = run(90_000, "code", stats=stats, replicas=[calibrated])
+    assert d.reason == "learned" and "context trend" in d.detail
+    busy = Replica("m/one-copy", True, 0, 4, recent_load=2.0, alone_points=points)
+    assert run(90_000, "code", stats=stats, replicas=[busy], mixed=True).reason == "rule"
