@@ -61,6 +61,8 @@ TREND_WEIGHT_CAP = 5.0
 """A bucket's weight in the trend fit: its observation count, capped (a bucket seen a hundred
 times must not make a line through one point)."""
 TREND_MIN_SPAN = 4096.0
+LOCAL_POINTS = 4
+"""Recent requests a local line needs (``trend_estimates``)."""
 """The trend needs buckets at least this many tokens of context apart (else it has no slope)."""
 
 
@@ -71,6 +73,7 @@ def trend_estimates(
     settings: RoutingSettings,
     tokens: int,
     extra: Mapping[str, tuple[float, float]] | None = None,
+    recent: Mapping[str, list[tuple[float, float]]] | None = None,
 ) -> dict[str, Estimate]:
     """Per profile, the decode speed its cells of the same content kind in the context buckets
     point to at ``tokens`` of context: a line through (mean context, seconds per token),
@@ -82,7 +85,10 @@ def trend_estimates(
     Each a copy of that profile's nearest cell with the predicted speed; empty unless two
     profiles have one (a ranking needs two). ``extra``: per profile one more point (context,
     tok/s) of weight 1: what the backend's start-up calibration measured alone on a short prompt
-    of this kind.
+    of this kind. ``recent``: per profile the last requests' (context, tok/s): where at least
+    ``LOCAL_POINTS`` of them span ``TREND_MIN_SPAN`` tokens, the line is theirs alone, each of
+    weight 1 (a session growing turn by turn extrapolates a few thousand tokens, not from the
+    middle of its buckets: bucket means put setup-b's depth 3 8-10 % too fast at 60-73k).
 
     Why: a class short of data borrowed its neighbours' ranking as it was, but drafting's
     advantage falls with context in every published measurement (verification attends over
@@ -90,7 +96,37 @@ def trend_estimates(
     content"), so the ranking a longer bucket needs is the trend of the shorter ones, not
     their level: a session growing past 64k tokens reaches the crossover where no shorter
     bucket has it (the solo trace, docs/benchmarks.md)."""
-    points: dict[str, list[tuple[float, float, float]]] = {}
+    points, nearest = _bucket_points(view_of, cls, profiles, tokens, settings)
+    for profile, (context, tok_s) in (extra or {}).items():
+        if profile in profiles and tok_s > 0:
+            points.setdefault(profile, []).append((context, 1.0 / tok_s, 1.0))
+    for profile, last in (recent or {}).items():
+        local = [(x, 1.0 / v, 1.0) for x, v in last if v > 0]
+        xs = [x for x, _, _ in local]
+        if len(local) >= LOCAL_POINTS and max(xs) - min(xs) >= TREND_MIN_SPAN:
+            points[profile] = local
+    out: dict[str, Estimate] = {}
+    for profile, pts in points.items():
+        line = rising_line(pts) if profile in nearest else None  # a calibration point alone
+        seconds = line[0] + line[1] * tokens if line is not None else 0.0
+        if seconds > 0:
+            out[profile] = replace(nearest[profile][1], decode_tok_s=1.0 / seconds, trusted=True)
+    return out if len(out) >= 2 else {}
+
+
+Points = dict[str, list[tuple[float, float, float]]]
+
+
+def _bucket_points(
+    view_of: ClassView,
+    cls: RequestClass,
+    profiles: Collection[str],
+    tokens: int,
+    settings: RoutingSettings,
+) -> tuple[Points, dict[str, tuple[float, Estimate]]]:
+    """Per profile, each bucket's (mean context, seconds per token, weight) of a content kind,
+    and the profile's cell nearest to ``tokens`` (what a prediction copies the rest from)."""
+    points: Points = {}
     nearest: dict[str, tuple[float, Estimate]] = {}
     for label in bucket_labels(settings.context_buckets):
         for profile, e in view_of(RequestClass(label, cls.kind)).items():
@@ -103,22 +139,7 @@ def trend_estimates(
             distance = abs(e.context_tokens - tokens)
             if profile not in nearest or distance < nearest[profile][0]:
                 nearest[profile] = (distance, e)
-    for profile, (context, tok_s) in (extra or {}).items():
-        if profile in profiles and tok_s > 0:
-            points.setdefault(profile, []).append((context, 1.0 / tok_s, 1.0))
-    out: dict[str, Estimate] = {}
-    for profile, pts in points.items():
-        if profile not in nearest:
-            continue  # a calibration point alone: no cell to take the rest from
-        line = rising_line(pts)
-        if line is None:
-            continue
-        intercept, slope = line
-        seconds = intercept + slope * tokens
-        if seconds <= 0:
-            continue
-        out[profile] = replace(nearest[profile][1], decode_tok_s=1.0 / seconds, trusted=True)
-    return out if len(out) >= 2 else {}
+    return points, nearest
 
 
 def rising_line(points: list[tuple[float, float, float]]) -> tuple[float, float] | None:

@@ -34,14 +34,14 @@ at one depth instead: routing.busy). Why: docs/routing.md ("Decision on one proc
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from proxy.config.routing import Role, RoutingSettings
 from proxy.routing import choice
 from proxy.routing.choice import Reason
-from proxy.routing.classes import RequestClass, classify_tokens, load_level
+from proxy.routing.classes import RequestClass, bucket_labels, classify_tokens, load_level
 from proxy.routing.features import RequestFeatures
 from proxy.routing.stats import Estimate
 
@@ -90,6 +90,8 @@ class LevelStatsView(Protocol):
     """What the policy reads from the learned statistics, per load level."""
 
     def view_at(self, cls: RequestClass, level: int) -> Mapping[str, Estimate]: ...
+
+    def recent_at(self, kind: str, level: int) -> Mapping[str, list[tuple[float, float]]]: ...
 
 
 def decide_depth(
@@ -148,6 +150,31 @@ def decide_depth(
 _NO_LIMIT = 1 << 62
 
 
+def _beyond_reach(
+    unknown: list[str],
+    known: Mapping[str, Estimate],
+    view_of: Callable[[RequestClass], Mapping[str, Estimate]],
+    cls: RequestClass,
+    settings: RoutingSettings,
+    tokens: int,
+    extra: Mapping[str, tuple[float, float]] | None,
+) -> set[str]:
+    """The unknown depths whose best speed so far, measured at a shorter context (speed never
+    rises with context), is below the best known depth's prediction at ``tokens``."""
+    best = max((e.decode_tok_s or 0.0 for e in known.values()), default=0.0)
+    if best <= 0:
+        return set()
+    bound: dict[str, float] = {}
+    for p, (context, speed) in (extra or {}).items():
+        if context <= tokens:
+            bound[p] = max(bound.get(p, 0.0), speed)
+    for label in bucket_labels(settings.context_buckets):
+        for p, e in view_of(RequestClass(label, cls.kind)).items():
+            if e.decode_tok_s and e.context_tokens is not None and e.context_tokens <= tokens:
+                bound[p] = max(bound.get(p, 0.0), e.decode_tok_s)
+    return {p for p in unknown if p in bound and bound[p] < best}
+
+
 def _replica_order(r: Replica) -> tuple[bool, bool, float, str]:
     # The session's cache holder while it has room; else the least loaded.
     return (not (r.holds_session and r.has_room), not r.has_room, r.in_flight / r.slots, r.name)
@@ -175,7 +202,8 @@ class _Choice:
         own = {p: e for p, e in view_of(cls).items() if e.trusted}
         extra = replica.alone_points.get(cls.kind) if level == 1 else None
         tokens = features.est_prompt_tokens
-        trend = choice.trend_estimates(view_of, cls, depths, settings, tokens, extra)
+        recent = stats.recent_at(cls.kind, level)
+        trend = choice.trend_estimates(view_of, cls, depths, settings, tokens, extra, recent)
         self.trended = bool(trend)
         """The class is placed by the context trend of its kind (``choice.trend_estimates``):
         a prediction at this request's own context, where the class's cells average its whole
@@ -192,9 +220,19 @@ class _Choice:
         # What exploration counts as known: the trend's estimates (a prediction at this very
         # context), or only the class's own (a neighbour's level is a prior, not a measurement).
         self.known = self.trusted() if trend else own
-        self.cold = self.source != cls
-        """Explore at the cold rate: placed by a neighbour's level. Placed by the context trend
-        it explores at the steady rate, a depth without an estimate first."""
+        unknown = [p for p in depths if p not in self.known]
+        self.beyond_reach = _beyond_reach(
+            unknown, self.known, view_of, cls, settings, tokens, extra
+        )
+        """Depths without an estimate that cannot win here: never faster than where they were
+        measured at a shorter context (the alone calibration, a shorter bucket), and that is
+        below the best known prediction at this context. Not explored here (the trend's
+        crossover is where they can win: off on setup-b past ~60k, not at 20k)."""
+        wanted = [p for p in unknown if p not in self.beyond_reach]
+        self.cold = self.source != cls or (bool(trend) and bool(wanted))
+        """Explore at the cold rate: placed by a neighbour's level, or by the context trend
+        while a depth that could win here has no estimate at all (no line, none of the class's
+        own): it cannot be ranked, and where it would win is what the trend is for."""
         self.out = choice.expected_output_tokens(self.est, features.max_tokens, settings)
         rates = [e.prefill_tok_s for e in self.est.values() if e.prefill_tok_s]
         self.prefill_tok_s = sum(rates) / len(rates) if rates else None
@@ -246,7 +284,7 @@ class _Choice:
         an estimate of this class's own or of its context trend."""
         return choice.exploration_target(
             chosen,
-            self.depths,
+            [p for p in self.depths if p not in self.beyond_reach],
             self.est,
             self.known,
             long_context=self.f.est_prompt_tokens >= self.s.long_context_tokens,

@@ -20,6 +20,7 @@ import math
 import os
 import stat
 import tempfile
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,9 @@ _MIN_DECODE_TOKENS = 4  # shorter outputs give no meaningful decode rate
 _MIN_PREFILL_TOKENS = 32  # below this the fixed per-request overhead dominates
 _MAX_STATE_BYTES = 64 << 20  # a state file is kilobytes; anything far larger is not ours
 _MAX_CHANGES = 20  # changes kept for /admin/routing
+RECENT_POINTS = 8
+"""Per (model, kind, load level, profile), the last requests' (context, decode speed) kept for
+the context trend's local line (``choice.trend_estimates``); in memory only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +320,7 @@ class LearnedStats:
         """Per-request process (backend name) -> its busy epochs and what it measured there."""
         self.calibrations: dict[str, Calibration] = {}
         """Start-up calibrations by key (binary, model, flags: proxy.routing.calibrate)."""
+        self._recent: dict[tuple[str, str, int, str], deque[tuple[float, float]]] = {}
         self.changes: list[dict[str, object]] = []
         """The last classes whose speed moved far from what they had learned (``observe``)."""
         self.calibrator = TokenCalibrator(
@@ -337,6 +342,11 @@ class LearnedStats:
         ``level``: its load level on a per-request process (0: a pool backend)."""
         cells = self._cells.setdefault((model, cls, level), {})
         cell = cells.setdefault(profile, _Cell())
+        speed, out = obs.decode_tok_s, obs.output_tokens
+        if level and speed and obs.context_tokens and out and out >= _MIN_DECODE_TOKENS:
+            key = (model, cls.kind, level, profile)
+            recent = self._recent.setdefault(key, deque(maxlen=RECENT_POINTS))
+            recent.append((float(obs.context_tokens), speed))
         learned = cell.decode.value()
         settings = self._settings
         changed = cell.observe(
@@ -386,6 +396,17 @@ class LearnedStats:
         if count < self._settings.min_samples or drafted <= 0:
             return None
         return accepted / drafted
+
+    def recent(
+        self, kind: str, level: int, model: str = ""
+    ) -> dict[str, list[tuple[float, float]]]:
+        """Per profile, the last requests' (context tokens, decode tok/s) of a content kind at
+        a load level of a per-request process, oldest first."""
+        return {
+            profile: list(points)
+            for (m, k, lv, profile), points in self._recent.items()
+            if m == model and k == kind and lv == level
+        }
 
     def for_model(self, model: str) -> ModelStats:
         """The policy's StatsView of one model."""
@@ -517,6 +538,10 @@ class ModelStats:
     def view_at(self, cls: RequestClass, level: int) -> dict[str, Estimate]:
         """A per-request process's estimates at one load level (routing.depth)."""
         return self.stats.view(cls, self.model, level)
+
+    def recent_at(self, kind: str, level: int) -> dict[str, list[tuple[float, float]]]:
+        """The last requests of a kind at one load level, per profile (routing.depth)."""
+        return self.stats.recent(kind, level, self.model)
 
 
 def _round(value: float | None, digits: int = 2) -> float | None:

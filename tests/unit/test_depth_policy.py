@@ -9,11 +9,11 @@ from collections import Counter
 import pytest
 
 from proxy.config.routing import RoutingSettings
-from proxy.routing.choice import rising_line
+from proxy.routing.choice import rising_line, trend_estimates
 from proxy.routing.classes import RequestClass, load_level
 from proxy.routing.depth import DepthDecision, Replica, decide_depth
 from proxy.routing.features import ContentKind
-from proxy.routing.stats import LearnedStats
+from proxy.routing.stats import Estimate, LearnedStats
 from proxy.routing.telemetry import Observation
 from tests.support.routing_inputs import Draws, feat
 
@@ -24,7 +24,7 @@ SHORT = RequestClass("<4k", "prose")
 
 
 def one(in_flight: int = 0, **kw: object) -> Replica:
-    return Replica("m/one-copy", True, in_flight, 4, **kw)  # type: ignore[arg-type]
+    return Replica("m/one-copy", True, in_flight, 4, **kw)
 
 
 def train(
@@ -277,3 +277,25 @@ def test_the_calibration_gives_each_kind_its_first_trend_point_alone() -> None:
     assert d.reason == "learned" and "context trend" in d.detail
     busy = Replica("m/one-copy", True, 0, 4, recent_load=2.0, alone_points=points)
     assert run(90_000, "code", stats=stats, replicas=[busy], mixed=True).reason == "rule"
+
+
+def test_recent_requests_draw_the_line_where_they_suffice() -> None:
+    """A session growing turn by turn: its last requests, a few thousand tokens below the next
+    one, draw the line; bucket means (the middle of each bucket) only where they are too few."""
+    stats = LearnedStats(S)
+    for bucket, context, speed in (("4k-16k", 10_000, 50.0), ("32k-64k", 40_000, 40.0)):
+        train(stats, RequestClass(bucket, "code"), "max", speed, n=5, context=context)
+        train(stats, RequestClass(bucket, "code"), "off", 30.0, n=5, context=context)
+    view = stats.for_model("")
+
+    def view_of(c: RequestClass) -> dict[str, Estimate]:
+        return view.view_at(c, 1)
+
+    cls = RequestClass("64k+", "code")
+    by_buckets = trend_estimates(view_of, cls, DEPTHS, S, 70_000)
+    steep = [(50_000.0 + 4_000 * i, 36.0 - 3.0 * i) for i in range(4)]  # falling fast lately
+    local = trend_estimates(view_of, cls, DEPTHS, S, 70_000, recent={"max": steep})
+    few = trend_estimates(view_of, cls, DEPTHS, S, 70_000, recent={"max": steep[:3]})
+    assert by_buckets["max"].decode_tok_s == few["max"].decode_tok_s
+    assert local["max"].decode_tok_s < 0.8 * (by_buckets["max"].decode_tok_s or 0)
+    assert local["off"].decode_tok_s == by_buckets["off"].decode_tok_s
