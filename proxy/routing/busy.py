@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -53,6 +53,10 @@ PRIOR_SD = 0.3
 PRIOR_REQUESTS = 3.0
 """How many requests' worth of evidence the prior is: a class not yet measured at the other
 depth is taken to differ as the measured ones do, shrunk toward ``PRIOR_GAP`` by this."""
+
+
+Prior = Callable[[str, int], "float | None"]
+"""A prior gap per (class label, load level), or None for the published ``PRIOR_GAP``."""
 
 
 @dataclass(slots=True)
@@ -176,7 +180,7 @@ class BusyDepths:
             state.speeds[(str(row["class"]), int(row["level"]), str(row["profile"]))] = speed
         return state, dropped
 
-    def gap(self, profile: str, reference: str, priors: Mapping[int, float] | None = None) -> Gap:
+    def gap(self, profile: str, reference: str, priors: Prior | None = None) -> Gap:
         """``profile`` against ``reference``, class by class. Each class's difference counts by
         its share of the time measured at the two depths: what the process's throughput is
         made of (a few long agent prompts can take more of it than many short chats), where
@@ -184,16 +188,16 @@ class BusyDepths:
         requests: each class's spread over the fewer of its two samples. A cell measured at
         ``reference`` only counts by its time there, at the measured cells' gap shrunk toward
         ``PRIOR_GAP`` (``PRIOR_REQUESTS``), with ``PRIOR_SD`` and no weight as evidence.
-        ``priors``: per load level, the gap the backend's start-up calibration measured
-        (``proxy.routing.calibration``), in place of ``PRIOR_GAP`` at that level."""
+        ``priors``: per class label and load level, the gap the backend's start-up
+        calibration implies there (``proxy.routing.calibration``), in place of ``PRIOR_GAP``."""
         measured: list[tuple[float, float, float, float]] = []
-        unmeasured: list[tuple[float, int]] = []
+        unmeasured: list[tuple[float, str, int]] = []
         for (label, level, p), own in self.speeds.items():
             if p != reference:
                 continue
             other = self.speeds.get((label, level, profile))
             if other is None:
-                unmeasured.append((own.weight, level))
+                unmeasured.append((own.weight, label, level))
                 continue
             n = min(own.requests, other.requests)
             spread = max((s for s in (own.sd, other.sd) if math.isfinite(s)), default=MIN_SD)
@@ -203,13 +207,13 @@ class BusyDepths:
         if evidence <= 0:
             return Gap(0.0, math.inf, 0.0)
         observed = sum(t * diff for t, diff, _, _ in measured) / sum(r[0] for r in measured)
-        priors = priors or {}
 
-        def guess(level: int) -> float:
-            prior = priors.get(level, PRIOR_GAP)
+        def guess(label: str, level: int) -> float:
+            prior = priors(label, level) if priors is not None else None
+            prior = PRIOR_GAP if prior is None else prior
             return (evidence * observed + PRIOR_REQUESTS * prior) / (evidence + PRIOR_REQUESTS)
 
-        rows = measured + [(t, guess(level), PRIOR_SD, 0.0) for t, level in unmeasured]
+        rows = measured + [(t, guess(lb, lv), PRIOR_SD, 0.0) for t, lb, lv in unmeasured]
         share = sum(r[0] for r in rows)
         mean = sum(t * diff for t, diff, _, _ in rows) / share
         variance = sum((t / share) ** 2 * sd**2 / max(n, 1.0) for t, _, sd, n in rows)
@@ -233,11 +237,11 @@ def next_busy_depth(
     epoch: int,
     *,
     calm: bool = True,
-    priors: Mapping[int, float] | None = None,
+    priors: Prior | None = None,
 ) -> Epoch:
     """The next busy epoch: at ``cold`` or ``deep`` (see the module's docstring). ``calm``: the
     process is idle now, so an exploring epoch's requests soon have it to themselves.
-    ``priors``: the calibrated gap of ``deep`` against ``cold`` per load level (``gap``)."""
+    ``priors``: the calibrated gap of ``deep`` against ``cold`` per class and level (``gap``)."""
     if cold == deep or state.samples(cold) < min_samples:
         return Epoch(cold)
     gap = state.gap(deep, cold, priors)

@@ -25,6 +25,13 @@ from typing import Any
 
 from proxy.config.routing import Role
 
+CONTEXT_DECLINE_PER_KTOK = math.log(1.44 / 2.5) / 34.0
+"""How drafting's lead falls with context, in log speed per 1,000 tokens of context (-0.016):
+llama.cpp with 4 drafts, +147-152 % at a ~100-token context against +44 % at 34K
+(docs/published-figures.md, "Long context and content"). The calibration measures short
+prompts; a busy process serving long agent prompts is where its gap matters most, and there
+it is this much smaller (the simulator's setup-a: depth 3 1.23x depth 0 at 4 slots on a short
+prompt, 1.00x at 10k, 0.75x at 30k)."""
 BUSY_MARGIN = 0.05
 """Beside others the deepest depth is the cold pick only when it measured this much faster than
 depth 0. Off when busy is what most published builds call for, and the measurement is noisy:
@@ -110,20 +117,26 @@ class Calibration:
             return None
         return deep / plain
 
-    def log_gap(self, level: int) -> float | None:
-        """log(deepest / depth 0) at that load level: the busy epochs' prior."""
+    def log_gap(self, level: int, context_tokens: float = 0.0) -> float | None:
+        """log(deepest / depth 0) at that load level, as measured on short prompts, and where
+        ``context_tokens`` is given, carried to that context (``CONTEXT_DECLINE_PER_KTOK``):
+        the busy epochs' prior."""
         ratio = self.ratio(level)
-        return math.log(ratio) if ratio is not None and ratio > 0 else None
+        if ratio is None or ratio <= 0:
+            return None
+        return math.log(ratio) + CONTEXT_DECLINE_PER_KTOK * max(context_tokens, 0.0) / 1000.0
 
-    def cold_role(self, level: int) -> Role | None:
-        """The cold rule at a load level. Busy (level >= 2): the faster depth there ("max" or
-        "off"). Alone: None (the content rules stand) unless drafting lost, then "off"."""
-        ratio = self.ratio(level)
-        if ratio is None:
+    def cold_role(self, level: int, context_tokens: float = 0.0) -> Role | None:
+        """The cold rule at a load level, for requests of ``context_tokens``. Busy (level >=
+        2): the deepest depth where it is expected ``BUSY_MARGIN`` faster there, else off.
+        Alone: None (the content rules stand) unless drafting lost even on the short prompts,
+        then "off"."""
+        gap = self.log_gap(level, 0.0 if level <= 1 else context_tokens)
+        if gap is None:
             return None
         if level <= 1:
-            return "off" if ratio < 1.0 else None
-        return "max" if ratio >= 1.0 + BUSY_MARGIN else "off"
+            return "off" if gap < 0.0 else None
+        return "max" if gap >= math.log(1.0 + BUSY_MARGIN) else "off"
 
     def cold_roles(self, levels: Iterable[int]) -> dict[int, Role]:
         """``cold_role`` of every level it says something about."""

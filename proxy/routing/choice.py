@@ -145,15 +145,19 @@ def _bucket_points(
 def rising_line(points: list[tuple[float, float, float]]) -> tuple[float, float] | None:
     """Weighted least squares y = a + b x with b >= 0; None without two points far enough
     apart."""
-    xs = [x for x, _, _ in points]
-    if len(points) < 2 or max(xs) - min(xs) < TREND_MIN_SPAN:
+    if len(points) < 2:
         return None
-    w = sum(p[2] for p in points)
-    mx = sum(x * wt for x, _, wt in points) / w
-    my = sum(y * wt for _, y, wt in points) / w
-    sxx = sum(wt * (x - mx) ** 2 for x, _, wt in points)
-    sxy = sum(wt * (x - mx) * (y - my) for x, y, wt in points)
-    slope = max(sxy / sxx, 0.0) if sxx > 0 else 0.0
+    w = sx = sy = sxx = sxy = 0.0
+    low = high = points[0][0]
+    for x, y, wt in points:  # one pass: this runs for every depth of every free choice
+        w, sx, sy = w + wt, sx + wt * x, sy + wt * y
+        sxx, sxy = sxx + wt * x * x, sxy + wt * x * y
+        low, high = min(low, x), max(high, x)
+    if high - low < TREND_MIN_SPAN:
+        return None
+    mx, my = sx / w, sy / w
+    var, cov = sxx - w * mx * mx, sxy - w * mx * my
+    slope = max(cov / var, 0.0) if var > 0 else 0.0
     return my - slope * mx, slope
 
 

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.config.routing import Role, RoutingSettings
+from proxy.config.routing import RoutingSettings
 from proxy.routing import choice
+from proxy.routing.calibration import Calibration
 from proxy.routing.choice import Reason
 from proxy.routing.classes import RequestClass, bucket_labels, classify_tokens, load_level
 from proxy.routing.features import RequestFeatures
@@ -59,9 +60,9 @@ class Replica:
     """Decayed mean of the requests decoding at its recent admissions (each counting itself)."""
     busy_depth: str | None = None
     """The depth of its current busy epoch (``busy``): what requests beside others run at."""
-    cold_roles: Mapping[int, Role] = field(default_factory=dict)
-    """Its start-up calibration's cold rule per load level (``proxy.routing.calibration``);
-    a level not in it keeps the configured rules."""
+    calibration: Calibration | None = None
+    """Its start-up calibration (``proxy.routing.calibration``): its cold rule at a load level
+    and context replaces the configured one where it says something."""
     alone_points: Mapping[str, Mapping[str, tuple[float, float]]] = field(default_factory=dict)
     """Per content kind, per profile: (context, tok/s) its calibration measured alone on a short
     prompt (the first point of the kind's context trend, at load level 1)."""
@@ -194,10 +195,15 @@ class _Choice:
         replica: Replica,
     ) -> None:
         self.f, self.depths, self.s, self.cls, self.level = features, depths, settings, cls, level
-        self.cold_roles = replica.cold_roles
+        self.calibration = replica.calibration
+
+        views: dict[RequestClass, Mapping[str, Estimate]] = {}
 
         def view_of(c: RequestClass) -> Mapping[str, Estimate]:
-            return {p: e for p, e in stats.view_at(c, level).items() if p in depths}
+            view = views.get(c)
+            if view is None:  # read once per decision: the trend reads every bucket twice
+                view = views[c] = {p: e for p, e in stats.view_at(c, level).items() if p in depths}
+            return view
 
         own = {p: e for p, e in view_of(cls).items() if e.trusted}
         extra = replica.alone_points.get(cls.kind) if level == 1 else None
@@ -246,8 +252,8 @@ class _Choice:
         (each from other requests, other cache hits) would only add noise to the ranking."""
         e = self.est[profile]
         speed = decode if decode is not None else (e.decode_tok_s or self.s.prior_decode_tok_s)
-        common = replace(e, prefill_tok_s=self.prefill_tok_s)
-        return choice.service_s(common, self.f.est_prompt_tokens, self.out, speed, self.s)
+        prefill = self.prefill_tok_s or self.s.prior_prefill_tok_s
+        return self.f.est_prompt_tokens / prefill + self.out / speed
 
     def guarded(self, profile: str) -> bool:
         """A drafting depth whose learned acceptance is below break-even."""
@@ -265,7 +271,9 @@ class _Choice:
 
     def _rule(self, at: str) -> tuple[str, Reason, str]:
         s = self.s
-        calibrated = self.cold_roles.get(self.level)
+        calibration = self.calibration
+        tokens = self.f.est_prompt_tokens
+        calibrated = calibration.cold_role(self.level, tokens) if calibration else None
         if calibrated is not None:  # what the replica measured at this load at start-up
             role = calibrated
         elif self.level > 1:  # beside others

@@ -19,10 +19,10 @@ from typing import Any
 import structlog
 
 from proxy.apis import Api
-from proxy.config.routing import Role, RoutingSettings, decay_factor
+from proxy.config.routing import RoutingSettings, decay_factor
 from proxy.routing.busy import BusyDepths, next_busy_depth
 from proxy.routing.calibration import Calibration
-from proxy.routing.classes import RequestClass, classify, load_level
+from proxy.routing.classes import RequestClass, bucket_contexts, classify, load_level
 from proxy.routing.collapse import CollapseGuard, suspect
 from proxy.routing.depth import Replica, decide_depth
 from proxy.routing.features import RequestFeatures, extract_features
@@ -105,6 +105,9 @@ class Router:
         self.guards: dict[str, CollapseGuard] = {}
         """Backend name -> its acceptance-collapse guard (proxy.routing.collapse)."""
         self.clock: Callable[[], float] = time.monotonic  # the guards' back-off clock
+        self._recent_context: dict[str, float] = {}
+        """Backend name -> decayed mean prompt tokens of its admissions (like recent_load): the
+        context its calibrated busy gap is carried to."""
         self._load_decay = 0.5 ** (1.0 / settings.load_half_life_requests)
         self._busy_decay = decay_factor(settings.half_life_samples)
 
@@ -182,7 +185,7 @@ class Router:
                 b.name == holder,
                 b.recent_load,
                 self._busy_depth(b.name, b.slots, per_request, calm=b.in_flight == 0),
-                self._cold_roles(b.name),
+                self.calibrated.get(b.name),
                 self._alone_points(b.name, per_request.depths),
                 collapsed=guarded and self._guard(b.name).collapsed,
                 trial=guarded and self._guard(b.name).trial_due(now),
@@ -212,16 +215,13 @@ class Router:
             self._guard(backend.name).begin_trial()
         decay = self._load_decay
         backend.recent_load = backend.recent_load * decay + (backend.in_flight + 1) * (1 - decay)
+        context = self._recent_context.get(backend.name, float(features.est_prompt_tokens))
+        context = context * decay + features.est_prompt_tokens * (1 - decay)
+        self._recent_context[backend.name] = context
         route = self._placed(
             model, backend, features, decision.profile, decision.reason, decision.detail
         )
         return replace(route, depth=decision.depth, level=decision.level)
-
-    def _cold_roles(self, backend: str) -> dict[int, Role]:
-        calibration = self.calibrated.get(backend)
-        if calibration is None:
-            return {}
-        return calibration.cold_roles(self.settings.concurrency_levels)
 
     def _alone_points(
         self, backend: str, depths: Mapping[str, int]
@@ -244,8 +244,9 @@ class Router:
         """The depth of the backend's current busy epoch; the next epoch's once it ran out.
 
         Cold, the process starts at ``cold_busy_role``, or where its start-up calibration
-        measured the faster depth with every slot decoding; the calibration's measured gap is
-        the prior of the classes not yet run at the other depth (routing.busy)."""
+        expects the faster depth with every slot decoding at the context of its recent
+        requests; the calibration's gap carried to each class's context is the prior of the
+        classes not yet run at the other depth (routing.busy)."""
         if per_request.mixed:
             return None
         state = self.stats.busy.setdefault(backend, BusyDepths())
@@ -254,7 +255,8 @@ class Router:
             settings = self.settings
             calibration = self.calibrated.get(backend)
             top = load_level(slots, settings)
-            role = calibration.cold_role(top) if calibration is not None else None
+            context = self._recent_context.get(backend, 0.0)
+            role = calibration.cold_role(top, context) if calibration is not None else None
             cold = settings.role_profile(role or settings.cold_busy_role)
             shallowest = min(depths, key=lambda p: (depths[p], p))
             deepest = max(depths, key=lambda p: (depths[p], p))
@@ -269,7 +271,7 @@ class Router:
                 settings.min_samples,
                 settings.busy_epoch_admissions,
                 calm=calm,
-                priors=_priors(calibration, settings.concurrency_levels, other == deepest),
+                priors=_priors(calibration, settings, other == deepest),
             )
             state.profile, state.exploring = epoch.profile, epoch.exploring
             state.left = self.settings.busy_epoch_admissions
@@ -556,14 +558,21 @@ class Router:
 
 
 def _priors(
-    calibration: Calibration | None, levels: list[int], deeper: bool
-) -> dict[int, float] | None:
-    """The calibrated log gap of the busy epochs' other depth against the cold one, per busy
-    level: deepest vs depth 0 as measured (``deeper``), or its opposite."""
+    calibration: Calibration | None, settings: RoutingSettings, deeper: bool
+) -> Callable[[str, int], float | None] | None:
+    """The calibrated log gap of the busy epochs' other depth against the cold one, per class
+    and busy level, carried to the class's context: deepest vs depth 0 (``deeper``), or its
+    opposite."""
     if calibration is None:
         return None
-    gaps = {level: calibration.log_gap(level) for level in levels if level > 1}
-    return {level: g if deeper else -g for level, g in gaps.items() if g is not None}
+    contexts = bucket_contexts(settings.context_buckets)
+
+    def prior(label: str, level: int) -> float | None:
+        bucket = label.split("/", 1)[0]
+        gap = calibration.log_gap(level, contexts.get(bucket, 0.0)) if level > 1 else None
+        return None if gap is None else (gap if deeper else -gap)
+
+    return prior
 
 
 def _scaled(t: float | None, scale: float) -> float | None:

@@ -320,7 +320,7 @@ class LearnedStats:
         """Per-request process (backend name) -> its busy epochs and what it measured there."""
         self.calibrations: dict[str, Calibration] = {}
         """Start-up calibrations by key (binary, model, flags: proxy.routing.calibrate)."""
-        self._recent: dict[tuple[str, str, int, str], deque[tuple[float, float]]] = {}
+        self._recent: dict[tuple[str, str, int], dict[str, deque[tuple[float, float]]]] = {}
         self.changes: list[dict[str, object]] = []
         """The last classes whose speed moved far from what they had learned (``observe``)."""
         self.calibrator = TokenCalibrator(
@@ -344,8 +344,8 @@ class LearnedStats:
         cell = cells.setdefault(profile, _Cell())
         speed, out = obs.decode_tok_s, obs.output_tokens
         if level and speed and obs.context_tokens and out and out >= _MIN_DECODE_TOKENS:
-            key = (model, cls.kind, level, profile)
-            recent = self._recent.setdefault(key, deque(maxlen=RECENT_POINTS))
+            by_profile = self._recent.setdefault((model, cls.kind, level), {})
+            recent = by_profile.setdefault(profile, deque(maxlen=RECENT_POINTS))
             recent.append((float(obs.context_tokens), speed))
         learned = cell.decode.value()
         settings = self._settings
@@ -402,11 +402,8 @@ class LearnedStats:
     ) -> dict[str, list[tuple[float, float]]]:
         """Per profile, the last requests' (context tokens, decode tok/s) of a content kind at
         a load level of a per-request process, oldest first."""
-        return {
-            profile: list(points)
-            for (m, k, lv, profile), points in self._recent.items()
-            if m == model and k == kind and lv == level
-        }
+        by_profile = self._recent.get((model, kind, level), {})
+        return {profile: list(points) for profile, points in by_profile.items()}
 
     def for_model(self, model: str) -> ModelStats:
         """The policy's StatsView of one model."""

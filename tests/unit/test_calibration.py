@@ -67,9 +67,10 @@ def test_the_measured_gap_replaces_the_published_prior_of_the_busy_epochs() -> N
         state.observe(long, 4, "off", 20.0, 10.0, decay=1.0)
         state.observe(short, 4, "max", 20.0, 10.0, decay=1.0)
     published = state.gap("max", "off")
-    calibrated = state.gap("max", "off", {4: math.log(1.3)})
+    calibrated = state.gap("max", "off", lambda label, level: c.log_gap(level))
     assert published.mean < 0 < calibrated.mean  # the unmeasured class follows the measurement
-    assert state.gap("max", "off", {2: 5.0}).mean == pytest.approx(published.mean)  # per level
+    at_two = state.gap("max", "off", lambda label, level: 5.0 if level == 2 else None)
+    assert at_two.mean == pytest.approx(published.mean)  # per level
     # the unmeasured class holds a third of the time, at the tie (0) shrunk toward the prior
     assert published.mean == pytest.approx(1 / 3 * (3 * PRIOR_GAP) / (6 + 3))
     assert calibrated.mean == pytest.approx(1 / 3 * (3 * math.log(1.3)) / (6 + 3))
@@ -139,13 +140,27 @@ def test_a_calibrated_replica_beside_others_starts_where_it_measured_faster() ->
     chat = feat(600)
     plain = decide_depth(chat, [busy], DEPTHS, stats, settings, random.Random(1), mixed=True)
     assert plain is not None and (plain.profile, plain.reason) == ("off", "rule")
-    roles = calibration(1.7, 1.2).cold_roles(settings.concurrency_levels)
-    calibrated = Replica("b", True, 1, 4, recent_load=2.0, cold_roles=roles)
+    measured = calibration(1.7, 1.2)
+    calibrated = Replica("b", True, 1, 4, recent_load=2.0, calibration=measured)
     found = decide_depth(chat, [calibrated], DEPTHS, stats, settings, random.Random(1), mixed=True)
     assert found is not None and (found.profile, found.reason) == ("max", "rule")
-    alone = Replica("b", True, 0, 4, cold_roles=calibration(0.9, 0.7).cold_roles(LEVELS))
+    # The short prompts' 1.2x, carried to a 40k agent prompt along the published decline, is
+    # a loss there: off.
+    agent = feat(40_000, "code")
+    long = decide_depth(agent, [calibrated], DEPTHS, stats, settings, random.Random(1), mixed=True)
+    assert long is not None and long.profile == "off"
+    alone = Replica("b", True, 0, 4, calibration=calibration(0.9, 0.7))
     lost = decide_depth(chat, [alone], DEPTHS, stats, settings, random.Random(1))
     assert lost is not None and lost.profile == "off"  # short would be max by the rules
+
+
+def test_the_short_prompts_gap_is_carried_along_the_published_decline_with_context() -> None:
+    """llama.cpp, 4 drafts: +147-152 % at ~100 tokens, +44 % at 34K (published-figures.md)."""
+    c = calibration(2.5, 1.2)
+    assert c.log_gap(1, 34_000) == pytest.approx(math.log(1.44))
+    assert c.cold_role(4, 0) == "max"
+    assert c.cold_role(4, 10_000) == "off"  # 1.2x on short prompts: ~1.02x at 10k
+    assert c.cold_role(1, 100_000) is None  # alone: the content rules and the trend decide
 
 
 def test_a_calibrated_busy_process_starts_its_epochs_where_it_measured_faster() -> None:

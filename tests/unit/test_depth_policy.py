@@ -299,3 +299,20 @@ def test_recent_requests_draw_the_line_where_they_suffice() -> None:
     assert by_buckets["max"].decode_tok_s == few["max"].decode_tok_s
     assert local["max"].decode_tok_s < 0.8 * (by_buckets["max"].decode_tok_s or 0)
     assert local["off"].decode_tok_s == by_buckets["off"].decode_tok_s
+
+
+def test_an_unknown_depth_is_explored_only_where_it_could_win() -> None:
+    """Depth 0 measured only by the calibration (37.7 tok/s alone on a short code prompt): at
+    20k, where the depth-3 line says 45, it cannot win (speed never rises with context) and is
+    not tried; at 70k, where the line says 30, it could, and the class explores it (cold)."""
+    settings = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=1.0, min_samples=2)
+    stats = LearnedStats(settings)
+    for bucket, context, speed in (("4k-16k", 10_000, 50.0), ("32k-64k", 45_000, 36.0)):
+        train(stats, RequestClass(bucket, "code"), "max", speed, n=3, context=context)
+        train(stats, RequestClass(bucket, "code"), "min", speed * 0.95, n=3, context=context)
+    points = {"code": {"off": (100.0, 37.7)}}
+    replica = Replica("m/one-copy", True, 0, 4, alone_points=points)
+    near = run(20_000, "code", replicas=[replica], stats=stats, settings=settings)
+    assert near.profile == "max" and near.reason == "learned"
+    far = run(70_000, "code", replicas=[replica], stats=stats, settings=settings)
+    assert (far.profile, far.reason) == ("off", "explore")
