@@ -238,12 +238,18 @@ def next_busy_depth(
     *,
     calm: bool = True,
     priors: Prior | None = None,
+    confirm: bool = False,
 ) -> Epoch:
     """The next busy epoch: at ``cold`` or ``deep`` (see the module's docstring). ``calm``: the
     process is idle now, so an exploring epoch's requests soon have it to themselves.
-    ``priors``: the calibrated gap of ``deep`` against ``cold`` per class and level (``gap``)."""
+    ``priors``: the calibrated gap of ``deep`` against ``cold`` per class and level (``gap``).
+    ``confirm``: the cold depth is the calibration's guess from short prompts; the other one
+    gets its first epoch as soon as the cold one has its samples, idle or not (a saturated
+    process is seldom idle, and a wrong guess would otherwise hold for good)."""
     if cold == deep or state.samples(cold) < min_samples:
         return Epoch(cold)
+    if confirm and state.sent[deep] == 0:
+        return Epoch(deep, exploring=True)
     gap = state.gap(deep, cold, priors)
     chance = gap.chance_faster
     staying = state.profile == deep and not state.exploring

@@ -41,6 +41,9 @@ from proxy.serving.backends import LiveBackend, LiveBackends
 from proxy.serving.forward import Relayed
 
 log = structlog.get_logger("proxy.routing")
+BUSY_CONTEXT_PRIOR = 2.0
+"""Admissions' worth of ``long_context_tokens`` in a process's busy context before it has any
+(``Router._busy_context``)."""
 
 
 @dataclass(frozen=True)
@@ -105,9 +108,11 @@ class Router:
         self.guards: dict[str, CollapseGuard] = {}
         """Backend name -> its acceptance-collapse guard (proxy.routing.collapse)."""
         self.clock: Callable[[], float] = time.monotonic  # the guards' back-off clock
-        self._recent_context: dict[str, float] = {}
-        """Backend name -> decayed mean prompt tokens of its admissions (like recent_load): the
-        context its calibrated busy gap is carried to."""
+        self._recent_context: dict[str, tuple[float, float, float]] = {}
+        """Backend name -> decayed count, sum and sum of squares of its admissions' prompt
+        tokens (like recent_load): the context its calibrated busy gap is carried to
+        (``_busy_context``)."""
+
         self._load_decay = 0.5 ** (1.0 / settings.load_half_life_requests)
         self._busy_decay = decay_factor(settings.half_life_samples)
 
@@ -215,9 +220,14 @@ class Router:
             self._guard(backend.name).begin_trial()
         decay = self._load_decay
         backend.recent_load = backend.recent_load * decay + (backend.in_flight + 1) * (1 - decay)
-        context = self._recent_context.get(backend.name, float(features.est_prompt_tokens))
-        context = context * decay + features.est_prompt_tokens * (1 - decay)
-        self._recent_context[backend.name] = context
+        tokens = float(features.est_prompt_tokens)
+        n, total, squares = self._recent_context.get(backend.name, (0.0, 0.0, 0.0))
+        self._recent_context[backend.name] = (
+            n * decay + 1.0,
+            total * decay + tokens,
+            squares * decay + tokens**2,
+        )
+
         route = self._placed(
             model, backend, features, decision.profile, decision.reason, decision.detail
         )
@@ -238,15 +248,28 @@ class Router:
                     out.setdefault(cell.kind, {})[profile] = (cell.context, cell.tok_s)
         return out
 
+    def _busy_context(self, backend: str) -> float:
+        """The context a busy process's requests decode at: its recent admissions' prompt
+        tokens, weighted by tokens (a long agent prompt holds the process, and every step
+        beside it, far longer than a chat: counted per request, short chats hid it), blended
+        with ``BUSY_CONTEXT_PRIOR`` admissions of ``long_context_tokens`` (an agent's prompt
+        grows there, and the first busy stretch is where a wrong cold depth costs most: queues
+        form behind it)."""
+        n, total, squares = self._recent_context.get(backend, (0.0, 0.0, 0.0))
+        mean = squares / total if total > 0 else 0.0
+        prior = float(self.settings.long_context_tokens)
+        return (n * mean + BUSY_CONTEXT_PRIOR * prior) / (n + BUSY_CONTEXT_PRIOR)
+
     def _busy_depth(
         self, backend: str, slots: int, per_request: PerRequestModel, *, calm: bool
     ) -> str | None:
         """The depth of the backend's current busy epoch; the next epoch's once it ran out.
 
         Cold, the process starts at ``cold_busy_role``, or where its start-up calibration
-        expects the faster depth with every slot decoding at the context of its recent
-        requests; the calibration's gap carried to each class's context is the prior of the
-        classes not yet run at the other depth (routing.busy)."""
+        measured the faster depth with every slot decoding (short prompts); when that is not
+        ``cold_busy_role``, the other depth's first epoch comes as soon as the cold one has its
+        samples, idle process or not. The calibration's gap carried to each class's context is
+        the prior of the classes not yet run at the other depth (routing.busy)."""
         if per_request.mixed:
             return None
         state = self.stats.busy.setdefault(backend, BusyDepths())
@@ -255,7 +278,7 @@ class Router:
             settings = self.settings
             calibration = self.calibrated.get(backend)
             top = load_level(slots, settings)
-            context = self._recent_context.get(backend, 0.0)
+            context = self._busy_context(backend)
             role = calibration.cold_role(top, context) if calibration is not None else None
             cold = settings.role_profile(role or settings.cold_busy_role)
             shallowest = min(depths, key=lambda p: (depths[p], p))
@@ -272,6 +295,7 @@ class Router:
                 settings.busy_epoch_admissions,
                 calm=calm,
                 priors=_priors(calibration, settings, other == deepest),
+                confirm=role is not None and role != settings.cold_busy_role,
             )
             state.profile, state.exploring = epoch.profile, epoch.exploring
             state.left = self.settings.busy_epoch_admissions

@@ -128,7 +128,10 @@ async def test_the_proxy_calibrates_shows_and_uses_it(preset: str, tmp_path: Pat
         _, backends = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)
         text = render_status(proxy.url, backends["backends"], routing)
         assert "Start-up calibration" in text and f"4: {TRUTH_AT_4[preset]}" in text
-        # The first busy stretch starts where the measurement said: a burst of 4 idle chats.
+        # The first busy stretch starts where the measurement said for the traffic it serves:
+        # a few chats one at a time (the box's traffic so far: short prompts), then 4 at once.
+        for _ in range(10):
+            await burst(proxy, 1)
         decided = await burst(proxy, 4)
         busy = [profile for profile, reason in decided if reason == "busy"]
         assert busy and set(busy) == {TRUTH_AT_4[preset]}, decided

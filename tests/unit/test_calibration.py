@@ -12,12 +12,16 @@ from pathlib import Path
 import pytest
 
 from proxy.config.routing import RoutingSettings
-from proxy.routing.busy import PRIOR_GAP, BusyDepths, next_busy_depth
+from proxy.routing.busy import PRIOR_GAP, BusyDepths, Epoch, next_busy_depth
 from proxy.routing.calibrate import identity
 from proxy.routing.calibration import BUSY_MARGIN, Calibration, Cell, KindCell
 from proxy.routing.classes import RequestClass
 from proxy.routing.depth import Replica, decide_depth
+from proxy.routing.router import PerRequestModel, Router
 from proxy.routing.stats import LearnedStats
+from proxy.serving.backends import LiveBackends
+from supervisor.spec import BackendSpec
+from supervisor.states import BackendState
 from tests.support.routing_inputs import feat
 
 LEVELS = [1, 2, 4]
@@ -167,3 +171,51 @@ def test_a_calibrated_busy_process_starts_its_epochs_where_it_measured_faster() 
     state = BusyDepths()
     assert next_busy_depth(state, "max", "off", 4, 8).profile == "max"
     assert next_busy_depth(state, "off", "max", 4, 8).profile == "off"
+
+
+def test_the_calibrations_guess_is_checked_on_a_busy_process_too() -> None:
+    """Started at max on the calibration's word (short prompts), a saturated process is seldom
+    idle: off's first epoch comes as soon as max has its samples, idle or not, once."""
+    state = BusyDepths()
+    for _ in range(4):
+        state.observe(RequestClass("32k+", "code"), 4, "max", 20.0, 10.0, decay=1.0)
+    busy = next_busy_depth(state, "max", "off", 4, 8, calm=False)
+    assert busy.profile == "max"  # without the calibration: off waits for an idle moment
+    first = next_busy_depth(state, "max", "off", 4, 8, calm=False, confirm=True)
+    assert first == Epoch("off", exploring=True)
+    state.sent["off"] += 8
+    again = next_busy_depth(state, "max", "off", 4, 8, calm=False, confirm=True)
+    assert again.profile == "max"  # once: later ones wait for an idle moment again
+
+
+def _router_with(measured: Calibration) -> Router:
+    live = LiveBackends()
+    spec = BackendSpec("m/one-copy", "m", "one-copy", ("x",))
+    live.update(spec, BackendState.READY, "http://127.0.0.1:1", slots=4)
+    router = Router(RoutingSettings(), live, rng=random.Random(0))
+    router.per_request["m"] = PerRequestModel(DEPTHS)
+    router.calibrated["m/one-copy"] = measured
+    return router
+
+
+def _busy_pick(router: Router, tokens: int, admissions: int) -> str:
+    """``admissions`` requests of ``tokens`` admitted one after another, then one beside
+    another: the depth of the busy epoch it gets."""
+    backend = router.backends.of_model("m")[0]
+    for _ in range(admissions):
+        route = router.route("m", feat(tokens, "code") if tokens > 4096 else feat(300), exclude=())
+        assert route is not None
+    with router.backends.lease(backend, "max"):
+        backend.recent_load = 3.0
+        busy = router.route("m", feat(300), exclude=())
+    assert busy is not None and busy.reason == "busy", busy
+    return busy.profile
+
+
+def test_a_busy_process_carries_the_calibrated_gap_to_the_context_it_serves() -> None:
+    """setup-b-batched-like (1.2x at 4 slots on short prompts): short chats make the first
+    busy stretch max; long agent prompts (token-weighted: they hold the process) make it off;
+    with nothing admitted yet, the prior context (long_context_tokens) keeps it off."""
+    assert _busy_pick(_router_with(calibration(1.7, 1.2)), 300, 12) == "max"
+    assert _busy_pick(_router_with(calibration(1.7, 1.2)), 40_000, 3) == "off"
+    assert _busy_pick(_router_with(calibration(1.7, 1.2)), 300, 0) == "off"
