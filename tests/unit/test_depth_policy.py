@@ -316,3 +316,30 @@ def test_an_unknown_depth_is_explored_only_where_it_could_win() -> None:
     assert near.profile == "max" and near.reason == "learned"
     far = run(70_000, "code", replicas=[replica], stats=stats, settings=settings)
     assert (far.profile, far.reason) == ("off", "explore")
+
+
+def test_depths_are_ranked_by_decode_alone_since_one_process_prefills_alike() -> None:
+    """max decodes 1.6x faster, but its cells happened to see slow prefills (little cache hit,
+    long context) and off's fast ones: ranking each with its own prefill rate put off first on a
+    36k prompt, whose expected prefill outweighs its decode."""
+    stats = LearnedStats(NO_EXPLORE)
+    cls = RequestClass("32k-64k", "code")
+    for profile, decode, prefill_s in (("off", 25.0, 5.0), ("max", 40.0, 60.0)):
+        for _ in range(5):
+            obs = Observation(
+                backend="m/one-copy",
+                profile=profile,
+                request_class=cls,
+                context_tokens=36_000,
+                cached_tokens=0,
+                output_tokens=400,
+                draft_n=100 if profile == "max" else None,
+                draft_n_accepted=80 if profile == "max" else None,
+                decode_tok_s=decode,
+                prefill_s=prefill_s,
+                ttft_s=None,
+                total_s=None,
+                source="timings",
+            )
+            stats.observe(cls, profile, obs, level=1)
+    assert run(36_000, "code", stats=stats).profile == "max"
