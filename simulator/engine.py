@@ -143,6 +143,10 @@ class Engine:
         self.acceptance_scale = dict(config.acceptance_scale)
         """--acceptance-scale, changed at run time by POST /sim/acceptance-scale (a fault: a
         drafter whose acceptance collapses, and comes back)."""
+        refuse = config.refuse_late_system
+        self.refuses_late_system = (
+            preset.chat_template.refuse_late_system if refuse is None else refuse
+        )
 
     def _natural_length(self, kind: Kind, digest: int) -> int:
         out = self.preset.output

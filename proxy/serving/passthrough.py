@@ -21,6 +21,7 @@ import orjson
 from aiohttp import web
 
 from proxy.apis import dialect_of_path
+from proxy.compat.request import counted_body
 from proxy.ops.access_log import LOG_FIELDS
 from proxy.ops.metrics import UNROUTED
 from proxy.serving.backends import LiveBackend
@@ -128,10 +129,12 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if model is None:
         return error_response(dialect, 404, unknown_model_message(named), code="model_not_found")
     request[LOG_FIELDS] = {"model": model}
+    checked = state.late_system.get  # a token count is mended as its generation would be
     for backend in _candidates(state.backends.ready_of_model(model)):
         request[LOG_FIELDS]["backend"] = backend.name
+        body = counted_body(state.settings.compat, request.path, raw, backend.name, checked)
         try:
-            return await _relay(request, backend, raw)
+            return await _relay(request, backend, body)
         except UpstreamUnavailable:
             continue
     message = f"no backend of model {model!r} is ready; retry shortly"

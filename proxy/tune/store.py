@@ -1,6 +1,7 @@
 """Measured results on disk, per setting, so a rerun resumes and Ctrl-C loses nothing.
 
-    OUT/run.json                 what was measured: model, workload fingerprint, repeats
+    OUT/run.json                 what was measured: model, workload fingerprint, how (own
+                                 processes or the service), the server's context, the warm-up
     OUT/settings/<setting>.jsonl one measured request per line, appended as it is measured
 
 A rerun with the same model and workload skips every (setting, request, repeat) already in the
@@ -27,19 +28,33 @@ class ResultStore:
         self._dir = out / "settings"
         self._done: dict[str, dict[tuple[str, int], Measurement]] = {}
 
+    def previous(self) -> dict[str, Any] | None:
+        """run.json of an earlier run in OUT (None: none, or unreadable)."""
+        try:
+            data = json.loads((self.out / "run.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def check(self, meta: dict[str, Any]) -> None:
+        """StoreError when OUT holds results of another run: another model, workload, or way of
+        measuring (``meta`` may hold only some of these)."""
+        old = self.previous()
+        if old is None:
+            return
+        for key in ("model", "workload", "via"):
+            if key in meta and old.get(key, meta[key]) != meta[key]:
+                raise StoreError(
+                    f"{self.out} holds results of another {key} ({old.get(key)!r}, now "
+                    f"{meta.get(key)!r}): choose another --out or remove it"
+                )
+
     def open(self, meta: dict[str, Any]) -> None:
-        """Check OUT against this run (``meta``: model, workload) and load what is there."""
+        """Check OUT against this run (``meta``: model, workload, how it is measured), record
+        it, and load what is there."""
+        self.check(meta)
         self._dir.mkdir(parents=True, exist_ok=True)
-        run_file = self.out / "run.json"
-        if run_file.exists():
-            old = json.loads(run_file.read_text("utf-8"))
-            for key in ("model", "workload"):
-                if old.get(key) != meta.get(key):
-                    raise StoreError(
-                        f"{self.out} holds results of another {key} ({old.get(key)!r}, now "
-                        f"{meta.get(key)!r}): choose another --out or remove it"
-                    )
-        run_file.write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
+        (self.out / "run.json").write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
         for path in sorted(self._dir.glob("*.jsonl")):
             for m in _read_lines(path):
                 self._done.setdefault(m.setting, {})[(m.item, m.repeat)] = m

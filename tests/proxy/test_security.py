@@ -174,6 +174,9 @@ async def test_admin_is_disabled_without_an_admin_key(open_proxy: ProxyProcess) 
         for method, path in (
             ("GET", "/admin/backends"),
             ("GET", "/admin/routing"),
+            ("GET", "/admin/depths"),
+            ("GET", "/admin/requests"),
+            ("GET", "/admin/chart"),
             ("POST", "/admin/backends/mtp-demo/off/restart"),
         ):
             async with session.request(
