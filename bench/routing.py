@@ -2,7 +2,7 @@
 
     pip install -e '.[routing]'        # the base install plus tomli-w (writes the proxies' config)
     python -m bench.routing [--topology one-copy|pool] [--preset setup-a,setup-b]
-                            [--trace default|concurrent|NAME:SEED|FILE[,...]]
+                            [--trace default|concurrent|solo|NAME:SEED|FILE[,...]]
                             [--time-scale F] [--repeat N]
                             [--policies P,...] [--json] [--plot FILE.png] [--relearn]
 
@@ -63,14 +63,21 @@ the time scale, and it decides races (which request reaches a backend first) tha
 the routing (how much, per time scale: docs/benchmarks.md, "Repeatability"). ``--repeat N``
 prints the largest difference between runs, per ratio and per policy.
 
-``--relearn`` replays the "shift" trace (short chats whose content turns from prose to code
-half-way) on a pool whose max profile drafts badly on code (``--acceptance-scale code=0.25``)
-and reports, per policy, where the code requests went, ten by ten.
+``--relearn`` shows how fast a policy follows a change. On one copy (the default) it replays the
+"relearn" trace (short prose and code chats throughout) and half-way turns the backend's code
+acceptance down (POST /sim/acceptance-scale ``code=0.2``: drafting stops paying on code); it
+reports, per policy (adaptive, and adaptive without change detection beside it), where the code
+requests after the change went ten by ten, and after how many of them the proxy said the code
+class had changed. With ``--topology pool`` it replays the "shift" trace (content turning from
+prose to code half-way) on a pool whose max profile drafts badly on code
+(``--acceptance-scale code=0.25``).
 
 Traces: ``default`` is bench/traces/default.jsonl, bench.trace_gen's output for its default
 seed, shipped (~5 MB) so that every checkout replays the very same requests, and regenerated
 from the seed when absent. ``concurrent`` (agents fanning out into sub-agents beside chats) is
-generated from its seed on the fly. ``NAME:SEED`` is another seed of either generator
+generated from its seed on the fly, and so is ``solo`` (one person with one coding agent: a
+session growing from ~10k to ~130k tokens and an occasional short chat, strictly one request
+at a time). ``NAME:SEED`` is another seed of a generator
 (``default:2`` is ``trace_gen.default_trace(2)``, ``concurrent:1`` its ``concurrent_trace(1)``).
 Bigger workloads: ``python -m bench.trace_gen``. Several traces, comma-separated
 (``--trace default,default:2,default:3``), are replayed one after another, every preset on each;
@@ -97,10 +104,12 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from bench import trace_gen
 from bench.processes import ProxyProcess, start_proxy
@@ -110,12 +119,14 @@ from bench.routing_reference import (
     HindsightPin,
     cells_report,
     cells_table,
+    choice_estimates,
     hindsight,
 )
 from bench.routing_replay import Pinner, Replayer
 from bench.routing_report import PolicyRun, mean_report, mean_table, plot, ratios, table
 from bench.routing_topology import (
     ADMIN_KEY,
+    NO_DETECTION,
     POOL_ROW,
     PROFILES,
     STATIC_PREFIX,
@@ -131,8 +142,13 @@ POLICIES = {
     "one-copy": (*STATICS, "adaptive", "hindsight", "greedy", POOL_ROW),
     "pool": (*STATICS, "adaptive", "greedy"),  # hindsight: with --static-pool shared only
 }
-RELEARN_POLICIES = ("static:max", "rules", "adaptive", "greedy")
-RELEARN_COLLAPSE = "code=0.25"  # --acceptance-scale of the max profile in the re-learn run
+RELEARN_POLICIES = ("static:max", "rules", "adaptive", "greedy")  # on a pool
+RELEARN_COLLAPSE = "code=0.25"  # --acceptance-scale of the max profile in the pool's re-learn run
+RELEARN_ONE_COPY = ("static:off", "static:max", "adaptive", NO_DETECTION, "greedy")
+RELEARN_CHANGE = "code=0.2"
+"""One copy's re-learn run: the backend's code acceptance from the change on. On setup-b's short
+code chats depth 3 then decodes at ~0.95x depth 0 instead of ~1.57x: drafting stops paying,
+without a collapse (drafted acceptance ~17 %, over the guard's 15 %)."""
 
 
 def wait_ready(proxy: ProxyProcess, timeout: float = 60.0) -> list[dict[str, Any]]:
@@ -178,6 +194,7 @@ def _pinner(
 class Reference:
     hindsight: Hindsight
     classes: dict[int, str]
+    estimates: dict[str, Any]
 
 
 def run_policy(
@@ -202,7 +219,7 @@ def run_policy(
 
         async def replay() -> float:
             try:
-                return await replayer.run(trace, show if progress else None)
+                return await replayer.run(trace, show if progress else None, _timed(rows, cfg))
             finally:
                 if oracle is not None:
                     await oracle.close()
@@ -211,9 +228,33 @@ def run_policy(
         if progress:
             print(file=sys.stderr)
         classes = _classes_of(proxy, len(replayer.outcomes) + len(replayer.errors))
+        events = [line for line in proxy.log_lines() if line.get("event") in _EVENTS]
     finally:
         proxy.stop()
-    return PolicyRun(policy, cfg.time_scale, replayer.outcomes, replayer.errors, wall, classes)
+    run = PolicyRun(policy, cfg.time_scale, replayer.outcomes, replayer.errors, wall, classes)
+    run.events = events
+    return run
+
+
+_EVENTS = ("request", "class_changed", "acceptance_collapsed", "acceptance_recovered")
+
+
+def _timed(
+    rows: list[dict[str, Any]], cfg: BenchConfig
+) -> list[tuple[float, Callable[[], Awaitable[None]]]]:
+    """One copy's re-learn run: the backend's code acceptance changes at the trace's change."""
+    if cfg.change is None or cfg.topology != "one-copy":
+        return []
+    url, change = str(rows[0]["url"]), cfg.change
+
+    async def turn() -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(url + "/sim/acceptance-scale", json={"acceptance_scale": change}) as r,
+        ):
+            r.raise_for_status()
+
+    return [(trace_gen.SHIFT_AT, turn)]
 
 
 def _classes_of(proxy: ProxyProcess, sent: int, timeout: float = 5.0) -> dict[int, str]:
@@ -260,7 +301,8 @@ def run_preset(
             for run in runs.values():
                 classes = {**run.classes, **classes}
             static_runs = {p.removeprefix(STATIC_PREFIX): runs[p] for p in statics}
-            reference = Reference(hindsight(static_runs, classes), classes)
+            estimates = choice_estimates(static_runs, classes)
+            reference = Reference(hindsight(static_runs, classes), classes, estimates)
         for policy in others:
             runs[policy] = run_policy(policy, trace, cfg, Path(tmp), progress, reference)
     return {p: runs[p] for p in [*statics, *others]}, reference
@@ -273,7 +315,11 @@ def load_default_trace() -> list[TraceRequest]:
     return read_trace(path)
 
 
-GENERATED = {"default": trace_gen.default_trace, "concurrent": trace_gen.concurrent_trace}
+GENERATED = {
+    "default": trace_gen.default_trace,
+    "concurrent": trace_gen.concurrent_trace,
+    "solo": trace_gen.solo_trace,
+}
 
 
 def generated_trace(name: str) -> tuple[str, int] | None:
@@ -323,13 +369,23 @@ def trace_names(value: str) -> list[str]:
 # --- re-learn ---------------------------------------------------------------------------------
 
 
-def relearn_report(trace: list[TraceRequest], runs: dict[str, PolicyRun]) -> dict[str, Any]:
-    """Per policy: where the code requests after the shift went, window by window."""
-    shifted = trace_gen.shifted_requests(trace)
-    out: dict[str, Any] = {"shifted_requests": len(shifted), "collapsed_profile": "max"}
+def relearn_report(
+    trace: list[TraceRequest], runs: dict[str, PolicyRun], topology: str = "pool"
+) -> dict[str, Any]:
+    """Per policy: where the code requests after the shift went, window by window. A pool: the
+    shift trace's code requests and the max profile's process, bad on code from the start. One
+    copy: the relearn trace's code requests after the backend's code acceptance turned down,
+    and whether they drafted (min or max) or not; and after how many of them the proxy said the
+    code class had changed (its log's class_changed)."""
+    one_copy = topology == "one-copy"
+    shifted = (trace_gen.changed_requests if one_copy else trace_gen.shifted_requests)(trace)
+    out: dict[str, Any] = {
+        "shifted_requests": len(shifted),
+        "collapsed_profile": "min/max" if one_copy else "max",
+    }
     for name, run in runs.items():
         seq = sorted((o for o in run.outcomes if o.index in shifted), key=lambda o: o.sent)
-        on_max = [o.profile == "max" for o in seq]
+        on_max = [(o.profile != "off") if one_copy else (o.profile == "max") for o in seq]
         windows = [sum(on_max[i : i + 10]) for i in range(0, len(on_max), 10)]
         # re-learned: the first code request that learned statistics sent elsewhere
         learned = [i for i, o in enumerate(seq) if o.reason == "learned" and o.profile != "max"]
@@ -342,26 +398,50 @@ def relearn_report(trace: list[TraceRequest], runs: dict[str, PolicyRun]) -> dic
             "to_collapsed_after_share": round(sum(after) / len(after), 3) if after else None,
             "goodput_tok_s": sum(o.output_tokens for o in seq) / waited if waited else 0.0,
         }
+        if one_copy:
+            out[name]["detected_after"] = _detected_after(run, shifted)
     return out
 
 
+def _detected_after(run: PolicyRun, shifted: set[int]) -> int | None:
+    """How many of the changed code requests had been answered when the proxy first said a code
+    class changed (None: it never did)."""
+    answered = 0
+    for line in run.events:
+        if line.get("event") == "request":
+            try:
+                answered += int(str(line.get("request_id")), 16) in shifted
+            except ValueError:
+                continue
+        elif line.get("event") == "class_changed" and answered and "/code" in str(line["class"]):
+            return answered
+    return None
+
+
 def relearn_table(report: dict[str, Any]) -> str:
+    profile = report["collapsed_profile"]
+    if profile == "max":
+        what = f"the max profile drafts badly on code ({RELEARN_COLLAPSE})"
+    else:
+        what = f"the backend's code acceptance turned down then ({RELEARN_CHANGE})"
     lines = [
-        f"re-learn: {report['shifted_requests']} code requests after the shift; the "
-        f"{report['collapsed_profile']} profile drafts badly on code ({RELEARN_COLLAPSE})",
-        f"{'policy':<12} {'goodput':>8} {'relearned':>9} {'max after':>9}  "
-        "sent to max, per 10 code requests",
+        f"re-learn: {report['shifted_requests']} code requests after the change; {what}",
+        f"{'policy':<18} {'goodput':>8} {'detected':>8} {'relearned':>9} {'drafting':>9}  "
+        f"sent to {profile}, per 10 code requests",
     ]
     for name, r in report.items():
         if isinstance(r, dict):
             share = r["to_collapsed_after_share"]
+            detected = r.get("detected_after")
             lines.append(
-                f"{name:<12} {r['goodput_tok_s']:8.2f} {r['relearned_after'] or '-':>9} "
+                f"{name:<18} {r['goodput_tok_s']:8.2f} {detected or '-':>8} "
+                f"{r['relearned_after'] or '-':>9} "
                 f"{'-' if share is None else f'{share:.0%}':>9}  {r['to_collapsed_per_10']}"
             )
     lines.append(
-        "(relearned: the n-th code request is the first that learned statistics sent away "
-        "from max; max after: share of the later ones still sent there, load spills included)"
+        "(detected: code requests answered when the proxy said the code class changed; "
+        f"relearned: the n-th code request is the first that learned statistics sent away from "
+        f"{profile}; drafting: share of the later ones still sent there, spills included)"
     )
     return "\n".join(lines)
 
@@ -379,7 +459,7 @@ def _parser() -> argparse.ArgumentParser:
         "--trace",
         type=trace_names,
         default="default",
-        help="default | concurrent | NAME:SEED (another seed of those) | a JSON Lines file; "
+        help="default | concurrent | solo | NAME:SEED (another seed of those) | a JSON Lines file; "
         "several comma-separated: replayed in turn, with the mean over all runs",
     )
     p.add_argument("--topology", choices=sorted(TOPOLOGIES), default="one-copy")
@@ -413,11 +493,16 @@ def main(argv: list[str] | None = None) -> int:
     topology = args.topology
     if "hindsight" in policies and topology == "pool" and args.static_pool != "shared":
         _parser().error("hindsight on a pool needs --static-pool shared (the same hardware)")
-    if args.relearn:
+    change = None
+    if args.relearn and topology == "pool":
         traces = {"shift": trace_gen.shift_trace()}
         policies = [p for p in policies if p in RELEARN_POLICIES] or list(RELEARN_POLICIES)
         extra = {"max": ["--acceptance-scale", RELEARN_COLLAPSE]}
-        topology = "pool"  # the collapse is one profile's process: only a pool has one
+    elif args.relearn:  # one copy: the backend's code acceptance turns down half-way
+        traces = {"relearn": trace_gen.relearn_trace()}
+        listed = [p for p in policies if p in RELEARN_ONE_COPY]
+        policies = listed if args.policies else list(RELEARN_ONE_COPY)
+        change = RELEARN_CHANGE
     else:
         traces = {name: load_trace(name) for name in args.trace}
     configs = [
@@ -430,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
             args.static_pool,
             extra,
             routing,
+            change,
         )
         for preset in presets
     ]
@@ -481,15 +567,17 @@ def run_trace(
                 entry["reference"] = {
                     "fallback": reference.hindsight.fallback,
                     "cells": cells_report(reference.hindsight, runs, reference.classes),
+                    "estimates": reference.estimates,
                 }
             if args.relearn:
-                entry["relearn"] = relearn_report(trace, runs)
+                entry["relearn"] = relearn_report(trace, runs, topology)
             run_out[cfg.preset] = entry
             if not args.json:
                 title = f"{cfg.preset}, {topology}, trace {name}"
                 print(f"\nrun {repeat + 1}: " + table(title, summaries, entry["ratios"]))
                 if reference is not None:
                     print(cells_table(entry["reference"]["cells"]))
+                    print(f"perfect choices, estimated from the static runs: {reference.estimates}")
                 if args.relearn:
                     print(relearn_table(entry["relearn"]))
         result["runs"].append(run_out)

@@ -42,6 +42,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.routing_replay import Outcome
 from bench.routing_report import PolicyRun
 from proxy.apis import API_OF_PATH
 from proxy.tune.trace import PATHS, TraceRequest
@@ -122,6 +123,72 @@ def _pick(by: dict[str, CellStats], fallback: str, order: list[str]) -> str:
         return best
     enough = min(by[best].requests, base.requests) >= MIN_CELL_REQUESTS
     return best if enough and by[best].goodput >= (1 + MIN_CELL_GAIN) * base.goodput else fallback
+
+
+SHORT_OUTPUT_TOKENS = 400
+"""The output-length split of ``choice_estimates``: answers under ~400 tokens, where an RTX 4090
+run lost 9 % to drafting (docs/published-figures.md#rtx-3090-at-250-w)."""
+
+
+def choice_estimates(static_runs: dict[str, PolicyRun], classes: dict[int, str]) -> dict[str, Any]:
+    """What a perfect choice could reach, estimated from the static runs alone (each request
+    takes the latency it had in the run of the setting chosen for it; the interactions between
+    requests are ignored), as ratios to the best static run:
+
+    - ``per_request``: every request at the setting that served it fastest;
+    - ``per_class``: per request class and load level, the setting with the best goodput there;
+    - ``per_class_and_output``: the same, the class also split by output length (under or over
+      ``SHORT_OUTPUT_TOKENS``; known here in hindsight). Where it is no higher than
+      ``per_class``, the output length would not pay as a feature of the class."""
+    by_index = {
+        p: {o.index: o for o in run.outcomes} for p, run in static_runs.items() if run.outcomes
+    }
+    if not by_index:
+        return {}
+    common = set.intersection(*(set(outcomes) for outcomes in by_index.values()))
+    scale = next(iter(static_runs.values())).time_scale
+
+    def goodput(pick: dict[int, str]) -> float:
+        tokens = sum(by_index[pick[i]][i].output_tokens for i in common)
+        waited = sum(by_index[pick[i]][i].latency for i in common) * scale
+        return tokens / waited if waited > 0 else 0.0
+
+    def per_cell(key: Any) -> dict[int, str]:
+        cells: dict[Any, list[int]] = defaultdict(list)
+        for i in common:
+            cells[key(i)].append(i)
+        pick: dict[int, str] = {}
+        for members in cells.values():
+            best = max(by_index, key=lambda p: _cell_goodput(by_index[p], members, scale))
+            pick.update(dict.fromkeys(members, best))
+        return pick
+
+    static = {p: goodput(dict.fromkeys(common, p)) for p in by_index}
+    base = max(static.values())
+    cell = {i: (classes.get(i, "?"), load_level(_any(by_index, i).load)) for i in common}
+
+    def short(i: int) -> bool:
+        return _any(by_index, i).output_tokens < SHORT_OUTPUT_TOKENS
+
+    fastest = {i: min(by_index, key=lambda p: by_index[p][i].latency) for i in common}
+    estimates = {
+        "per_request": goodput(fastest),
+        "per_class": goodput(per_cell(lambda i: cell[i])),
+        "per_class_and_output": goodput(per_cell(lambda i: (*cell[i], short(i)))),
+    }
+    out: dict[str, Any] = {k: round(v / base, 4) for k, v in estimates.items()}
+    out["requests"] = len(common)
+    out["short_outputs"] = sum(short(i) for i in common)
+    return out
+
+
+def _any(by_index: dict[str, dict[int, Outcome]], i: int) -> Outcome:
+    return next(iter(by_index.values()))[i]
+
+
+def _cell_goodput(outcomes: dict[int, Outcome], members: list[int], scale: float) -> float:
+    waited = sum(outcomes[i].latency for i in members) * scale
+    return sum(outcomes[i].output_tokens for i in members) / waited if waited > 0 else 0.0
 
 
 class HindsightPin:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -129,8 +129,14 @@ class Replayer:
         self._start = 0.0
         self._in_flight = 0
 
-    async def run(self, trace: list[TraceRequest], progress: Progress | None = None) -> float:
-        """Replay the whole trace; returns the wall seconds it took."""
+    async def run(
+        self,
+        trace: list[TraceRequest],
+        progress: Progress | None = None,
+        timed: Sequence[tuple[float, Callable[[], Awaitable[None]]]] = (),
+    ) -> float:
+        """Replay the whole trace; returns the wall seconds it took. ``timed``: (trace seconds,
+        action) pairs run at those times (a fault turned on in a backend, say)."""
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
         total = len(trace)
@@ -143,9 +149,14 @@ class Replayer:
                     if progress is not None:
                         progress(len(self.outcomes) + len(self.errors), total)
 
+            async def at(when: float, action: Callable[[], Awaitable[None]]) -> None:
+                await asyncio.sleep(max(self._start + when / self.scale - time.perf_counter(), 0))
+                await action()
+
             groups = sessions_of(trace)
             tasks = [one(reqs) for key, reqs in groups.items() if key is not None]
             tasks += [one([r]) for r in groups.get(None, [])]
+            tasks += [at(when, action) for when, action in timed]
             await asyncio.gather(*tasks)
         self.outcomes.sort(key=lambda o: o.index)
         return time.perf_counter() - self._start

@@ -29,6 +29,9 @@ class PolicyRun:
     errors: list[str]
     wall_s: float
     classes: dict[int, str] = field(default_factory=dict)  # request index -> proxy's class
+    events: list[dict[str, Any]] = field(default_factory=list)
+    """The proxy's log lines about learning (class_changed, acceptance_*) and the requests, in
+    the order written (request lines carry request_id: the trace index in hex)."""
 
     def summary(self) -> dict[str, Any]:
         out = sum(o.output_tokens for o in self.outcomes)

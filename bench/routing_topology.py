@@ -29,6 +29,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 DEPTHS = {"off": 0, "min": 2, "max": 3}  # a profile's per-request depth on one process
 POOL_ROW = "pool"  # one-copy's reference row: adaptive on the three-process pool
+NO_DETECTION = "adaptive-nodetect"  # adaptive without change detection (the re-learn run's)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class BenchConfig:
     static_pool: str = "replicas"
     profile_args: dict[str, list[str]] = field(default_factory=dict)
     routing: dict[str, Any] = field(default_factory=dict)  # extra [routing] settings
+    change: str | None = None
+    """One copy's re-learn run: the --acceptance-scale its backend takes at the trace's change
+    (POST /sim/acceptance-scale), e.g. "code=0.2"."""
 
 
 def _sim_args(cfg: BenchConfig) -> list[str]:
@@ -100,6 +104,8 @@ def proxy_config(policy: str, cfg: BenchConfig) -> dict[str, Any]:
     routing: dict[str, Any] = {"seed": cfg.seed, "clock_scale": cfg.time_scale, **cfg.routing}
     if policy == "rules":
         routing["learning"] = False
+    if policy == NO_DETECTION:
+        routing["change_detection"] = False
     return {
         "server": {
             "host": "127.0.0.1",

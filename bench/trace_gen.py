@@ -17,6 +17,14 @@ turn; short chats throughout and one burst, so the load on one server is 1-2 mos
 its seed when asked for (``bench.routing --trace concurrent``), not shipped.
 shift: short chat sessions, prose in the first half of the trace and code in the second (the
 workload's content turns from prose to code; bench.routing --relearn).
+solo: one person with one coding agent on one box (the seeds' own case): one Claude Code
+session whose context grows from ~10k to ~130k tokens over ~45 turns (file reads, greps and test
+logs as tool results, now and then a short instruction from the user), and between its turns an
+occasional short chat, all strictly one after another (one replay group: each request waits for
+the previous answer), so the process decodes one request at a time. About 50 requests, ~9 MB;
+generated from its seed when asked for (``bench.routing --trace solo``), not shipped.
+relearn: short prose and code chats throughout ~1,200 trace seconds (bench.routing --relearn on one
+copy turns the backend's code acceptance down half-way).
 tiny: a handful of small requests for the benchmark's smoke test.
 
 Requests name the model ``mtp-demo`` and carry only what a client sends: no hints for the proxy.
@@ -27,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,6 +239,40 @@ class _Builder:
                 at += self._turn_s(tokens)
                 tokens += self._grow(conv, step)
 
+    def solo_session(self, turns: int, first: int, last: int, chat_share: float) -> None:
+        """One agent session and the person's occasional short chats, all in one replay group:
+        every request is sent after the previous one's answer (one person works sequentially)."""
+        rng = self.rng
+        conv, group, tokens = self._agent_start("messages", first, sub=False)
+        at, step = 0.0, (last - first) / max(turns - 1, 1)
+        for turn in range(turns):
+            self.emit(at, group, conv)
+            at += self._turn_s(tokens)
+            if turn == turns - 1:
+                break
+            if rng.random() < chat_share:  # a quick question in another window meanwhile
+                at = self.solo_chat(at + rng.uniform(5.0, 20.0), group)
+            if rng.random() < 0.15:  # the person steers: a short instruction, no tool result
+                conv.assistant(rng.choice(("Done. The tests pass now.", "I updated the module.")))
+                conv.user(rng.choice(text.AGENT_TASKS))
+                tokens += 200
+                at += rng.uniform(10.0, 40.0)
+            else:
+                tokens += self._grow(conv, step)
+
+    def solo_chat(self, at: float, group: str) -> float:
+        """A short one-off chat in the solo replay group; returns when its answer is expected."""
+        rng = self.rng
+        code = rng.random() < 0.4
+        api = rng.choice(("chat", "messages"))
+        extra: dict[str, Any] = {"stream": True}
+        if api == "messages":
+            extra["max_tokens"] = 1024
+        conv = _conversation(api, rng, "You are a helpful assistant. Answer concisely.", **extra)
+        conv.user(rng.choice(text.CODE_QUESTIONS if code else text.PROSE_QUESTIONS))
+        self.emit(at, group, conv)
+        return at + _DECODE_S
+
     def side_request(self, at: float) -> None:
         """A harness's small one-shot beside an agent turn (a title or topic check)."""
         rng = self.rng
@@ -370,6 +413,14 @@ def concurrent_trace(seed: int = DEFAULT_SEED) -> list[TraceRequest]:
     return b.trace()
 
 
+def solo_trace(seed: int = DEFAULT_SEED) -> list[TraceRequest]:
+    """One person, one coding agent, one box: a session growing from ~10k to ~130k tokens over
+    45 turns and an occasional short chat between its turns, strictly sequential."""
+    b = _Builder(random.Random(seed + 2000))
+    b.solo_session(turns=45, first=10_000, last=130_000, chat_share=0.12)
+    return b.trace()
+
+
 SHIFT_AT = 600.0  # trace seconds: the shift trace's sessions start as code from here on
 
 
@@ -381,6 +432,42 @@ def shift_trace(seed: int = DEFAULT_SEED, sessions: int = 40, turns: int = 4) ->
         api = ("chat", "completions", "responses", "chat")[n % 4]
         b.chat(at, api, at >= SHIFT_AT, 1 if api == "completions" else turns)
     return b.trace()
+
+
+def relearn_trace(
+    seed: int = DEFAULT_SEED, sessions: int = 48, turns: int = 3
+) -> list[TraceRequest]:
+    """Short chat sessions, prose and code in turn, before and after ``SHIFT_AT``: the content
+    stays; what changes at ``SHIFT_AT`` is the backend (bench.routing --relearn turns its code
+    acceptance down then, a drafter that went bad on code while the proxy runs)."""
+    b = _Builder(random.Random(seed + 3000))
+    for n in range(sessions):
+        at = 2 * SHIFT_AT * n / sessions
+        api = ("chat", "completions", "responses", "messages")[n % 4]
+        b.chat(at, api, n % 2 == 1, 1 if api == "completions" else turns)
+    return b.trace()
+
+
+def changed_requests(trace: list[TraceRequest]) -> set[int]:
+    """Indices of the relearn trace's code requests sent after the change (``SHIFT_AT``)."""
+    return {r.index for r in trace if r.at >= SHIFT_AT and _is_code(r)}
+
+
+def _is_code(r: TraceRequest) -> bool:
+    """A chat that asks one of the code questions (its first user text, in any API's shape)."""
+    strings = list(_strings(r.body))
+    return any(q in s for q in text.CODE_QUESTIONS for s in strings)
+
+
+def _strings(value: object) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
 
 
 def shifted_requests(trace: list[TraceRequest]) -> set[int]:
@@ -414,7 +501,9 @@ def tiny_concurrent_trace(seed: int = DEFAULT_SEED) -> list[TraceRequest]:
 SCENARIOS = {
     "default": default_trace,
     "concurrent": concurrent_trace,
+    "solo": solo_trace,
     "shift": shift_trace,
+    "relearn": relearn_trace,
     "tiny": tiny_trace,
     "tiny-concurrent": tiny_concurrent_trace,
 }

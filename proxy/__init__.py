@@ -54,6 +54,9 @@ A request, in the order it is served:
 - ``routing.depth``: the pure decision for one process: its replica and the request's depth.
 - ``routing.choice``: the steps both policies share (estimates, cold roles, exploration).
 - ``routing.busy``: the depth a busy process runs at, learned per depth while busy.
+- ``routing.calibration``: a backend's start-up calibration as data, and its cold rules.
+- ``routing.calibrate``: the start-up calibration's requests, before a backend is ready.
+- ``routing.collapse``: the acceptance-collapse guard (depth 0, drafting trials, back-off).
 - ``routing.slot_caches``: which sessions' prompt caches each backend holds.
 - ``serving.admission``: the per-model queue in front of the backends' slots.
 - ``serving.depth_field``: the per-request depth spliced into the body.

@@ -36,6 +36,7 @@ from proxy.ops.reload import Reloader
 from proxy.plans.adopt import apply_plans, register_backends
 from proxy.plans.auto import on_ready, on_replaced
 from proxy.plans.plan import describe_plan, plans_of
+from proxy.routing.calibrate import Calibrator, Target
 from proxy.routing.router import Router
 from proxy.routing.stats import LearnedStats
 from proxy.serving import handlers, passthrough
@@ -172,6 +173,7 @@ async def _supervised_backends(app: web.Application) -> AsyncIterator[None]:
         state.settings.supervisor,
         on_change=lambda backend: _track(state, backend),
         in_flight=state.backends.in_flight,
+        before_ready=_calibration(state),
     )
     state.supervisor = supervisor
     await supervisor.start()
@@ -181,6 +183,34 @@ async def _supervised_backends(app: web.Application) -> AsyncIterator[None]:
         sdnotify.notify("STOPPING=1")
         await supervisor.stop()  # waits for a reload under way (auto's fallback) to finish
         await asyncio.gather(*state.replans, return_exceptions=True)
+
+
+def _calibration(state: ProxyState) -> Callable[[Backend], Awaitable[None]]:
+    """The supervisor's before-ready hook: a one-process backend that honours the per-request
+    depth is calibrated (or finds its calibration in the state file) before it is announced
+    ready, so no client request runs beside the measurement (proxy.routing.calibrate)."""
+    router = state.router
+    calibrator = Calibrator(
+        state.settings.routing,
+        router.stats,
+        router.calibrated,
+        state.client,
+        lambda: _save_stats(state),
+    )
+
+    async def before_ready(backend: Backend) -> None:
+        plan = state.plans.get(backend.spec.model)
+        live = state.backends.get(backend.name)
+        url = backend.base_url
+        if plan is None or not plan.per_request or live is None or url is None:
+            return
+        if backend.draft_control != "per-request":
+            return
+        spec = backend.spec
+        target = Target(backend.name, spec.model, url, spec.argv, spec.url, live.slots, plan.depths)
+        await calibrator.run(target)
+
+    return before_ready
 
 
 def _track(state: ProxyState, changed: Backend) -> None:

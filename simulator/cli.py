@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import structlog
 
-from simulator.config import SimConfig
-from simulator.model import DraftSettings, Kind
+from simulator.config import SimConfig, parse_acceptance_scale
+from simulator.model import DraftSettings
 from simulator.presets import load_preset
 
 # option string -> takes a value
@@ -143,21 +143,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _acceptance_scale(spec: str) -> dict[str, float]:
-    """'0.5' -> both kinds; 'code=0.3,prose=0.9' -> per kind. ValueError on anything else."""
-    scales: dict[str, float] = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        kind, sep, value = item.rpartition("=")
-        kinds = [kind] if sep else [k.value for k in Kind]
-        if any(k not in {k.value for k in Kind} for k in kinds):
-            raise ValueError(f"unknown kind {kind!r} (code or prose)")
-        factor = float(value)
-        if not factor > 0:
-            raise ValueError("the factor must be > 0")
-        scales.update(dict.fromkeys(kinds, factor))
-    return scales
-
-
 def parse_config(argv: Sequence[str]) -> SimConfig:
     parser = _parser()
     args = parser.parse_args(known_args(argv))
@@ -169,7 +154,7 @@ def parse_config(argv: Sequence[str]) -> SimConfig:
         parser.error("--spec-draft-p-min must be within [0, 1]")
     n_max = max(0, args.spec_draft_n_max)
     try:
-        scales = _acceptance_scale(args.acceptance_scale)
+        scales = parse_acceptance_scale(args.acceptance_scale)
     except ValueError as exc:
         parser.error(f"--acceptance-scale: {exc}")
     return SimConfig(

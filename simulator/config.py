@@ -4,7 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simulator.model import OFF, DraftSettings
+from simulator.model import OFF, DraftSettings, Kind
+
+
+def parse_acceptance_scale(spec: str) -> dict[str, float]:
+    """'0.5' -> both kinds; 'code=0.3,prose=0.9' -> per kind; '' -> none. ValueError on anything
+    else (--acceptance-scale, and POST /sim/acceptance-scale at run time)."""
+    scales: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        kind, sep, value = item.rpartition("=")
+        kinds = [kind] if sep else [k.value for k in Kind]
+        if any(k not in {k.value for k in Kind} for k in kinds):
+            raise ValueError(f"unknown kind {kind!r} (code or prose)")
+        factor = float(value)
+        if not factor > 0:
+            raise ValueError("the factor must be > 0")
+        scales.update(dict.fromkeys(kinds, factor))
+    return scales
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,9 @@ class Engine:
             preset.acceptance.latent_sigma if config.latent_sigma is None else config.latent_sigma
         )
         self._tasks = itertools.count()
+        self.acceptance_scale = dict(config.acceptance_scale)
+        """--acceptance-scale, changed at run time by POST /sim/acceptance-scale (a fault: a
+        drafter whose acceptance collapses, and comes back)."""
         refuse = config.refuse_late_system
         self.refuses_late_system = (
             preset.chat_template.refuse_late_system if refuse is None else refuse
@@ -172,7 +175,7 @@ class Engine:
             latent=model.latent_factor(
                 self.config.seed, prompt.text[:_LATENT_KEY_CHARS], self._latent_sigma
             )
-            * self.config.acceptance_scale.get(kind.value, 1.0),
+            * self.acceptance_scale.get(kind.value, 1.0),
             limit=min(wanted, natural),
             natural=natural <= wanted and not ignore_eos,
             passage=passage,
@@ -245,7 +248,7 @@ class Engine:
 
     def _law(self, job: Job, context: int) -> model.Drafter:
         acceptance = model.acceptance(self.preset, context, job.kind, job.latent)
-        return model.drafter(self.preset, acceptance, job.draft)
+        return model.drafter(self.preset, acceptance, job.draft, job.kind)
 
     def _publish_overhead(
         self, slot: Slot, law: model.Drafter, draft: DraftSettings, context: int

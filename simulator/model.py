@@ -116,14 +116,23 @@ def acceptance(preset: Preset, context_tokens: float, kind: Kind, latent: float 
     return _clip(level * latent, acc.minimum, acc.maximum)
 
 
-def drafter(preset: Preset, a: float, draft: DraftSettings) -> Drafter:
+def easy_acceptance(preset: Preset, kind: Kind) -> float:
+    """Acceptance of a token in an easy stretch: the preset's ``easy``, or for prose its
+    ``easy_prose`` when set (a drafter whose confident prose drafts are often wrong, so deeper
+    drafts lose on prose while they gain on code: MODEL.md, "Content divergence")."""
     acc = preset.acceptance
-    if a >= acc.easy:
+    return acc.easy_prose if kind is Kind.PROSE and acc.easy_prose > 0 else acc.easy
+
+
+def drafter(preset: Preset, a: float, draft: DraftSettings, kind: Kind = Kind.CODE) -> Drafter:
+    acc = preset.acceptance
+    top = easy_acceptance(preset, kind)
+    if a >= top:
         pi, easy, hard = 1.0, a, acc.hard
     elif a <= acc.hard:
-        pi, easy, hard = 0.0, acc.easy, a
+        pi, easy, hard = 0.0, top, a
     else:
-        pi, easy, hard = (a - acc.hard) / (acc.easy - acc.hard), acc.easy, acc.hard
+        pi, easy, hard = (a - acc.hard) / (top - acc.hard), top, acc.hard
     g_easy = _clip((1.0 - draft.p_min) / (1.0 - acc.confidence_easy_min), 0.0, 1.0)
     g_hard = _clip((acc.confidence_hard_max - draft.p_min) / acc.confidence_hard_max, 0.0, 1.0)
     return Drafter(pi, easy, hard, g_easy, g_hard, pi * g_easy + (1.0 - pi) * g_hard)
@@ -252,7 +261,7 @@ def decode_speed(
 ) -> tuple[float, StepExpectation]:
     """Expected decode tokens/s of one request, and its per-step expectation."""
     a = acceptance(preset, context_tokens, kind, latent)
-    exp = expected_step(drafter(preset, a, draft), draft)
+    exp = expected_step(drafter(preset, a, draft, kind), draft)
     ms = step_ms(preset, draft, context_tokens, exp.drafted, concurrent, process, neighbours)
     return 1e3 * exp.tokens / ms, exp
 

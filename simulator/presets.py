@@ -49,6 +49,7 @@ class Acceptance:
     confidence_hard_max: float  # drafter confidence in hard stretches ~ U[0, this]
     minimum: float  # clip of the final acceptance
     maximum: float
+    easy_prose: float = 0.0  # acceptance of a token in an easy stretch of prose (0: `easy`)
 
 
 @dataclass(frozen=True)

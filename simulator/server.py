@@ -11,7 +11,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from simulator.config import SimConfig
+from simulator.config import SimConfig, parse_acceptance_scale
 from simulator.depth import requested_depth
 from simulator.engine import ContextTooLong, Engine
 from simulator.formats import Api, Response
@@ -240,6 +240,24 @@ async def sim_predict(request: web.Request) -> web.Response:
     return web.json_response(result)
 
 
+async def sim_acceptance_scale(request: web.Request) -> web.Response:
+    """A fault mode: change --acceptance-scale at run time (``{"acceptance_scale": "0.01"}``
+    collapses every request's acceptance to the preset's minimum, ``"code=0.5"`` halves code's,
+    ``""`` restores normal drafting). Requests admitted afterwards draft with it. Answer: the
+    scales now in force."""
+    engine = request.app[ENGINE]
+    body = await json_body(request)
+    spec = body.get("acceptance_scale")
+    if not isinstance(spec, str):
+        raise BadRequest('\'acceptance_scale\' must be a string such as "0.01" or "code=0.5"')
+    try:
+        engine.acceptance_scale = parse_acceptance_scale(spec)
+    except ValueError as exc:
+        raise BadRequest(f"acceptance_scale: {exc}") from None
+    log.info("sim: acceptance scale changed", acceptance_scale=engine.acceptance_scale)
+    return web.json_response({"acceptance_scale": engine.acceptance_scale})
+
+
 def create_app(config: SimConfig, preset: Preset) -> web.Application:
     app = web.Application(middlewares=[_guard], client_max_size=64 * 1024 * 1024)
     app[ENGINE] = Engine(config, preset)
@@ -277,6 +295,7 @@ def create_app(config: SimConfig, preset: Preset) -> web.Application:
     ):
         r.add_post(path, _counter(api))
     r.add_post("/sim/predict", sim_predict)
+    r.add_post("/sim/acceptance-scale", sim_acceptance_scale)
     return app
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from supervisor.draft_probe import DraftControl
@@ -59,3 +59,6 @@ class Backend(Protocol):
 
 OnChange = Callable[[Backend], None]  # called synchronously on every state change
 InFlight = Callable[[str], int]  # requests in flight on the backend of that name
+BeforeReady = Callable[[Backend], Awaitable[None]]
+"""Awaited once a backend is healthy and probed, before it is announced READY (the proxy's
+start-up calibration); its failures are logged, never the backend's."""

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import structlog
 
-from supervisor.backend import Backend, InFlight, OnChange
+from supervisor.backend import Backend, BeforeReady, InFlight, OnChange
 from supervisor.causes import diagnose
 from supervisor.draft_probe import DraftControl, probe_draft_control
 from supervisor.flags import speculation_in
@@ -43,11 +43,13 @@ class Child:
         *,
         on_change: OnChange | None = None,
         in_flight: InFlight | None = None,
+        before_ready: BeforeReady | None = None,
     ) -> None:
         self._spec = spec
         self._settings = settings
         self._on_change = on_change
         self._in_flight = in_flight
+        self._before_ready = before_ready
         self._log = structlog.get_logger("supervisor").bind(backend=spec.name)
         self._state = S.STOPPED
         self._reason = "not started"
@@ -281,6 +283,15 @@ class Child:
             seconds=found.seconds,
         )
 
+    async def _run_before_ready(self) -> None:
+        """The owner's hook, once healthy, probed and checked: nothing it does may fail it."""
+        if self._before_ready is None:
+            return
+        try:
+            await self._before_ready(self)
+        except Exception:
+            self._log.exception("before_ready hook failed")
+
     def _begin(self, reason: str) -> None:
         self._spawned.clear()
         self._next_start_at = None
@@ -370,8 +381,9 @@ class Child:
             if health.ok and not proc.exited:
                 loaded = time.monotonic() - proc.started_at
                 await self._check_before_ready()
+                await self._run_before_ready()
                 if proc.exited:
-                    continue  # died while probed: reported at the top of the loop
+                    continue  # died while probed or calibrated: reported at the top of the loop
                 self._last_error = None
                 self._set_state(S.READY, f"/health 200 after {loaded:.2f}s")
                 return None
@@ -405,6 +417,7 @@ class Child:
                 last_ok = began
                 if self._state is S.STARTING:  # a remote backend's first 200
                     await self._check_before_ready()
+                    await self._run_before_ready()
                 if self._state is not S.READY:
                     self._set_state(S.READY, "/health 200")
             else:

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 import aiohttp
 import structlog
 
-from supervisor.backend import Backend, InFlight, OnChange
+from supervisor.backend import Backend, BeforeReady, InFlight, OnChange
 from supervisor.child import Child
 from supervisor.settings import SupervisorSettings
 from supervisor.spec import BackendSpec
@@ -31,10 +31,12 @@ class Supervisor:
         *,
         on_change: OnChange | None = None,
         in_flight: InFlight | None = None,
+        before_ready: BeforeReady | None = None,
     ) -> None:
         self._settings = settings
         self._user_on_change = on_change
         self._in_flight = in_flight
+        self._before_ready = before_ready
         self._log = structlog.get_logger("supervisor")
         self._changed = asyncio.Event()
         self._lock = asyncio.Lock()  # start / reload / stop, one at a time
@@ -219,7 +221,13 @@ class Supervisor:
         return False if states and all(state is S.FAILED for state in states) else None
 
     def _child(self, spec: BackendSpec) -> Child:
-        return Child(spec, self._settings, on_change=self._on_change, in_flight=self._in_flight)
+        return Child(
+            spec,
+            self._settings,
+            on_change=self._on_change,
+            in_flight=self._in_flight,
+            before_ready=self._before_ready,
+        )
 
     def _on_change(self, backend: Backend) -> None:
         # Wake wait_ready, then arm a fresh event for the next change.

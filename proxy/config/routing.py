@@ -76,6 +76,13 @@ class RoutingSettings(BaseModel):
         ge=1,
         description="Observations of a (class, profile) before its estimate is trusted.",
     )
+    change_detection: bool = Field(
+        default=True,
+        description="Explore a class again when its speed moves far from what it learned. A "
+        "trusted cell's decode speeds are tracked against its mean (a CUSUM in log speed: "
+        "proxy/routing/stats.py); on a signal the class's cells keep one observation's weight "
+        "and lose their trust, as ik_llama.cpp's autotune resets on a task change.",
+    )
     half_life_samples: float = Field(
         default=50.0,
         gt=1.0,
@@ -152,6 +159,45 @@ class RoutingSettings(BaseModel):
         "2+). The published runs lose with speculation there. What the process measures at each "
         "depth while busy takes over (proxy/routing/busy.py): this depth first, then the deepest "
         "(or, when this is the deepest, the shallowest).",
+    )
+    calibrate: Literal["auto", "off"] = Field(
+        default="auto",
+        description="Measure each one-process backend once, before it is announced ready. "
+        "Decode speed at depth 0 and at its deepest depth, alone and with every slot decoding "
+        "(proxy/routing/calibrate.py); the cold rule of each load level then follows what it "
+        "measured instead of cold_busy_role. Kept in state_file per binary, model and flags, so "
+        "a restart measures nothing. off: cold_busy_role and the published prior.",
+    )
+    calibration_tokens: int = Field(
+        default=128,
+        ge=16,
+        le=4096,
+        description="Output tokens of each calibration request. 128 costs ~21 s on setup B "
+        "(a 27B on a 3090, 4 slots) and ~26 s at 250 W.",
+    )
+    calibration_timeout_s: float = Field(
+        default=120.0,
+        gt=0.0,
+        description="A calibration not done within this many seconds is abandoned. The backend "
+        "is announced ready with the prior, and is measured again at its next start.",
+    )
+    collapse_guard: bool = Field(
+        default=True,
+        description="Watch each one-process backend for an acceptance collapse. Drafts accepted "
+        "far below what their classes had learned, near 0, over 256 drafted tokens "
+        "(proxy/routing/collapse.py): then serve depth 0, raise "
+        "mtp_proxy_acceptance_collapsed, keep what was learned before, and try drafting again "
+        "after collapse_retry_s, doubling up to collapse_retry_max_s.",
+    )
+    collapse_retry_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        description="Seconds after a collapse before the first drafting trial.",
+    )
+    collapse_retry_max_s: float = Field(
+        default=3600.0,
+        gt=0.0,
+        description="Longest wait between two drafting trials. Each failed trial doubles it.",
     )
     busy_epoch_admissions: int = Field(
         default=8,

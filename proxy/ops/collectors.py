@@ -37,6 +37,7 @@ class BackendsCollector(Collector):
         yield self._late_system_metric()
         yield from self._queue_metrics()
         yield from self._learned_metrics()
+        yield from self._guard_metrics()
 
     def _backend_metrics(self) -> Iterator[Metric]:
         labels = ["backend", "model", "profile"]
@@ -143,6 +144,34 @@ class BackendsCollector(Collector):
         for model in self._state.models.primary_names():
             queued.add_metric([model], self._state.admission.queued(model))
         yield queued
+
+    def _guard_metrics(self) -> Iterator[Metric]:
+        """The start-up calibration and the acceptance-collapse guard of one-process backends
+        (proxy/routing/calibrate.py, proxy/routing/collapse.py)."""
+        collapsed = GaugeMetricFamily(
+            "mtp_proxy_acceptance_collapsed",
+            "1 while a one-process backend's draft acceptance has collapsed (near 0, far below "
+            "what its request classes had learned): it serves depth 0 and tries drafting again "
+            "on a back-off schedule.",
+            labels=["model", "backend"],
+        )
+        speed = GaugeMetricFamily(
+            "mtp_proxy_calibration_speed_tokens_per_second",
+            "Decode speed per request the start-up calibration measured, by draft depth and by "
+            "load (requests decoding together).",
+            labels=["model", "backend", "depth", "load"],
+        )
+        router = self._state.router
+        for backend in self._state.backends.all():
+            if backend.model not in router.per_request:
+                continue
+            guard = router.guards.get(backend.name)
+            values = [backend.model, backend.name]
+            collapsed.add_metric(values, 1.0 if guard is not None and guard.collapsed else 0.0)
+            calibration = router.calibrated.get(backend.name)
+            for cell in calibration.cells if calibration is not None else ():
+                speed.add_metric([*values, str(cell.depth), str(cell.load)], cell.tok_s)
+        yield from (collapsed, speed)
 
     def _learned_metrics(self) -> Iterator[Metric]:
         labels = ["model", "request_class", "profile"]

@@ -105,6 +105,16 @@ def render_status(
         "Learned table (per request class and profile)",
         _learned_table(routing.get("learned", [])),
     ]
+    calibration = routing.get("calibration") or {}
+    if calibration:
+        sections += [
+            "",
+            "Start-up calibration (decode tok/s per request; cold rule per load level)",
+            _calibration_table(calibration),
+        ]
+    collapse = routing.get("collapse") or {}
+    if collapse:
+        sections += ["", "Acceptance collapse guard", _collapse_table(collapse)]
     return "\n".join(sections)
 
 
@@ -208,6 +218,42 @@ def _learned_table(learned: list[dict[str, Any]]) -> str:
             for r in learned
         ],
     )
+
+
+def _calibration_table(calibration: dict[str, Any]) -> str:
+    rows = []
+    for name, c in sorted(calibration.items()):
+        speeds = {(cell["load"], cell["depth"]): cell["tok_s"] for cell in c.get("cells", [])}
+        loads = sorted({load for load, _ in speeds})
+        depths = sorted({depth for _, depth in speeds})
+        measured = "; ".join(
+            f"{load} decoding: "
+            + ", ".join(f"depth {d} {_number(speeds.get((load, d)))}" for d in depths)
+            for load in loads
+        )
+        levels = c.get("levels", {})
+        rules = ", ".join(f"{lv}: {v.get('cold_role')}" for lv, v in sorted(levels.items()))
+        rows.append([name, measured, rules, _seconds_short(c.get("backend_s"))])
+    return _table(["backend", "measured", "cold rule by level", "cost"], rows)
+
+
+def _collapse_table(collapse: dict[str, Any]) -> str:
+    rows = [
+        [
+            name,
+            "collapsed" if c.get("collapsed") else "ok",
+            _ratio(c.get("acceptance")),
+            _ratio(c.get("expected")),
+            c.get("drafted"),
+            c.get("cause") or "-",
+        ]
+        for name, c in sorted(collapse.items())
+    ]
+    return _table(["backend", "state", "acceptance", "expected", "drafted", "cause"], rows)
+
+
+def _seconds_short(value: object) -> str:
+    return f"{value:.1f}s" if isinstance(value, int | float) else "-"
 
 
 def _get(url: str, path: str, key: str | None) -> Any:

@@ -1,6 +1,7 @@
 """The routing brain: which profile (draft depth) and backend serve a request; what was learned.
 
-Pure but for ``router`` (the state) and ``spec_counters`` (a /metrics read). In request order:
+Pure but for ``router`` (the state), ``spec_counters`` (a /metrics read) and ``calibrate``
+(a few requests to a backend before it is ready). In request order:
 - ``router``: the state around the policies (sessions, mix, busy epochs) and the app's glue.
 - ``features``: one pass over a request body -> RequestFeatures (size, content kind, session).
 - ``classes``: a request class (context bucket x content kind), shared by everything below.
@@ -8,6 +9,9 @@ Pure but for ``router`` (the state) and ``spec_counters`` (a /metrics read). In 
 - ``depth``: the decision for one process: a replica and the request's depth -> DepthDecision.
 - ``choice``: the steps both policies share: borrowed estimates, cold roles, exploration.
 - ``busy``: the depth a busy process runs at, learned from what it achieved at each depth.
+- ``calibration``: a backend's start-up calibration as data, and the cold rule it implies.
+- ``calibrate``: the start-up calibration's measurement over HTTP, before a backend is ready.
+- ``collapse``: the acceptance-collapse guard of one backend (serve depth 0, trials, back-off).
 - ``slot_caches``: which sessions' prompt caches each backend holds (llama-server's slots).
 - ``telemetry``: timings and usage read from an answer (stream or body) -> Observation.
 - ``spec_counters``: draft acceptance from a backend's /metrics, for APIs without timings.

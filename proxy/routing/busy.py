@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -52,6 +53,10 @@ PRIOR_SD = 0.3
 PRIOR_REQUESTS = 3.0
 """How many requests' worth of evidence the prior is: a class not yet measured at the other
 depth is taken to differ as the measured ones do, shrunk toward ``PRIOR_GAP`` by this."""
+
+
+Prior = Callable[[str, int], "float | None"]
+"""A prior gap per (class label, load level), or None for the published ``PRIOR_GAP``."""
 
 
 @dataclass(slots=True)
@@ -175,21 +180,24 @@ class BusyDepths:
             state.speeds[(str(row["class"]), int(row["level"]), str(row["profile"]))] = speed
         return state, dropped
 
-    def gap(self, profile: str, reference: str) -> Gap:
+    def gap(self, profile: str, reference: str, priors: Prior | None = None) -> Gap:
         """``profile`` against ``reference``, class by class. Each class's difference counts by
         its share of the time measured at the two depths: what the process's throughput is
         made of (a few long agent prompts can take more of it than many short chats), where
         counting requests would let the short chats decide. How sure the mean is counts
         requests: each class's spread over the fewer of its two samples. A cell measured at
         ``reference`` only counts by its time there, at the measured cells' gap shrunk toward
-        ``PRIOR_GAP`` (``PRIOR_REQUESTS``), with ``PRIOR_SD`` and no weight as evidence."""
-        measured, unmeasured = [], []
+        ``PRIOR_GAP`` (``PRIOR_REQUESTS``), with ``PRIOR_SD`` and no weight as evidence.
+        ``priors``: per class label and load level, the gap the backend's start-up
+        calibration implies there (``proxy.routing.calibration``), in place of ``PRIOR_GAP``."""
+        measured: list[tuple[float, float, float, float]] = []
+        unmeasured: list[tuple[float, str, int]] = []
         for (label, level, p), own in self.speeds.items():
             if p != reference:
                 continue
             other = self.speeds.get((label, level, profile))
             if other is None:
-                unmeasured.append(own.weight)
+                unmeasured.append((own.weight, label, level))
                 continue
             n = min(own.requests, other.requests)
             spread = max((s for s in (own.sd, other.sd) if math.isfinite(s)), default=MIN_SD)
@@ -199,8 +207,13 @@ class BusyDepths:
         if evidence <= 0:
             return Gap(0.0, math.inf, 0.0)
         observed = sum(t * diff for t, diff, _, _ in measured) / sum(r[0] for r in measured)
-        guess = (evidence * observed + PRIOR_REQUESTS * PRIOR_GAP) / (evidence + PRIOR_REQUESTS)
-        rows = measured + [(t, guess, PRIOR_SD, 0.0) for t in unmeasured]
+
+        def guess(label: str, level: int) -> float:
+            prior = priors(label, level) if priors is not None else None
+            prior = PRIOR_GAP if prior is None else prior
+            return (evidence * observed + PRIOR_REQUESTS * prior) / (evidence + PRIOR_REQUESTS)
+
+        rows = measured + [(t, guess(lb, lv), PRIOR_SD, 0.0) for t, lb, lv in unmeasured]
         share = sum(r[0] for r in rows)
         mean = sum(t * diff for t, diff, _, _ in rows) / share
         variance = sum((t / share) ** 2 * sd**2 / max(n, 1.0) for t, _, sd, n in rows)
@@ -217,13 +230,27 @@ class Epoch:
 
 
 def next_busy_depth(
-    state: BusyDepths, cold: str, deep: str, min_samples: int, epoch: int, *, calm: bool = True
+    state: BusyDepths,
+    cold: str,
+    deep: str,
+    min_samples: int,
+    epoch: int,
+    *,
+    calm: bool = True,
+    priors: Prior | None = None,
+    confirm: bool = False,
 ) -> Epoch:
     """The next busy epoch: at ``cold`` or ``deep`` (see the module's docstring). ``calm``: the
-    process is idle now, so an exploring epoch's requests soon have it to themselves."""
+    process is idle now, so an exploring epoch's requests soon have it to themselves.
+    ``priors``: the calibrated gap of ``deep`` against ``cold`` per class and level (``gap``).
+    ``confirm``: the cold depth is the calibration's guess from short prompts; the other one
+    gets its first epoch as soon as the cold one has its samples, idle or not (a saturated
+    process is seldom idle, and a wrong guess would otherwise hold for good)."""
     if cold == deep or state.samples(cold) < min_samples:
         return Epoch(cold)
-    gap = state.gap(deep, cold)
+    if confirm and state.sent[deep] == 0:
+        return Epoch(deep, exploring=True)
+    gap = state.gap(deep, cold, priors)
     chance = gap.chance_faster
     staying = state.profile == deep and not state.exploring
     if gap.weight >= min_samples / 2 and chance >= (STAY if staying else ENTER):

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import replace
 from typing import Literal
 
 from proxy.config.routing import Role, RoutingSettings
-from proxy.routing.classes import RequestClass, neighbours
+from proxy.routing.classes import RequestClass, bucket_labels, neighbours
 from proxy.routing.features import ContentKind
 from proxy.routing.stats import Estimate
 
-Reason = Literal["pinned", "affinity", "learned", "explore", "rule", "spill", "fallback", "busy"]
+Reason = Literal[
+    "pinned", "affinity", "learned", "explore", "rule", "spill", "fallback", "busy", "collapsed"
+]
 
 FALLBACK_ORDER: dict[Role, tuple[Role, ...]] = {
     "max": ("max", "min", "off"),
@@ -52,6 +55,110 @@ def borrowed_estimates(
         if trusted_count(view, profiles) >= 2:
             return {**view, **{p: e for p, e in own.items() if e.trusted}}, donor
     return own, cls
+
+
+TREND_WEIGHT_CAP = 5.0
+"""A bucket's weight in the trend fit: its observation count, capped (a bucket seen a hundred
+times must not make a line through one point)."""
+TREND_MIN_SPAN = 4096.0
+LOCAL_POINTS = 4
+"""Recent requests a local line needs (``trend_estimates``)."""
+"""The trend needs buckets at least this many tokens of context apart (else it has no slope)."""
+
+
+def trend_estimates(
+    view_of: ClassView,
+    cls: RequestClass,
+    profiles: Collection[str],
+    settings: RoutingSettings,
+    tokens: int,
+    extra: Mapping[str, tuple[float, float]] | None = None,
+    recent: Mapping[str, list[tuple[float, float]]] | None = None,
+) -> dict[str, Estimate]:
+    """Per profile, the decode speed its cells of the same content kind in the context buckets
+    point to at ``tokens`` of context: a line through (mean context, seconds per token),
+    weighted by each cell's observations (``TREND_WEIGHT_CAP``), never falling with context.
+    Time per token, not speed: a step's cost grows linearly with the context (verification
+    attends over all of it) while the accepted tokens per step fall slowly, so time per token is
+    close to linear; on the simulator's presets a line through 10k-75k predicts depth 0 at
+    100k-120k exactly and depth 3 within 3-5 %, where a line in log speed was 10-17 % low.
+    Each a copy of that profile's nearest cell with the predicted speed; empty unless two
+    profiles have one (a ranking needs two). ``extra``: per profile one more point (context,
+    tok/s) of weight 1: what the backend's start-up calibration measured alone on a short prompt
+    of this kind. ``recent``: per profile the last requests' (context, tok/s): where at least
+    ``LOCAL_POINTS`` of them span ``TREND_MIN_SPAN`` tokens, the line is theirs alone, each of
+    weight 1 (a session growing turn by turn extrapolates a few thousand tokens, not from the
+    middle of its buckets: bucket means put setup-b's depth 3 8-10 % too fast at 60-73k).
+
+    Why: a class short of data borrowed its neighbours' ranking as it was, but drafting's
+    advantage falls with context in every published measurement (verification attends over
+    the whole context while acceptance falls: published-figures.md, "Long context and
+    content"), so the ranking a longer bucket needs is the trend of the shorter ones, not
+    their level: a session growing past 64k tokens reaches the crossover where no shorter
+    bucket has it (the solo trace, docs/benchmarks.md)."""
+    points, nearest = _bucket_points(view_of, cls, profiles, tokens, settings)
+    for profile, (context, tok_s) in (extra or {}).items():
+        if profile in profiles and tok_s > 0:
+            points.setdefault(profile, []).append((context, 1.0 / tok_s, 1.0))
+    for profile, last in (recent or {}).items():
+        local = [(x, 1.0 / v, 1.0) for x, v in last if v > 0]
+        xs = [x for x, _, _ in local]
+        if len(local) >= LOCAL_POINTS and max(xs) - min(xs) >= TREND_MIN_SPAN:
+            points[profile] = local
+    out: dict[str, Estimate] = {}
+    for profile, pts in points.items():
+        line = rising_line(pts) if profile in nearest else None  # a calibration point alone
+        seconds = line[0] + line[1] * tokens if line is not None else 0.0
+        if seconds > 0:
+            out[profile] = replace(nearest[profile][1], decode_tok_s=1.0 / seconds, trusted=True)
+    return out if len(out) >= 2 else {}
+
+
+Points = dict[str, list[tuple[float, float, float]]]
+
+
+def _bucket_points(
+    view_of: ClassView,
+    cls: RequestClass,
+    profiles: Collection[str],
+    tokens: int,
+    settings: RoutingSettings,
+) -> tuple[Points, dict[str, tuple[float, Estimate]]]:
+    """Per profile, each bucket's (mean context, seconds per token, weight) of a content kind,
+    and the profile's cell nearest to ``tokens`` (what a prediction copies the rest from)."""
+    points: Points = {}
+    nearest: dict[str, tuple[float, Estimate]] = {}
+    for label in bucket_labels(settings.context_buckets):
+        for profile, e in view_of(RequestClass(label, cls.kind)).items():
+            if profile not in profiles or not e.decode_tok_s or e.context_tokens is None:
+                continue
+            if e.count < 1:
+                continue
+            weight = min(float(e.count), TREND_WEIGHT_CAP)
+            points.setdefault(profile, []).append((e.context_tokens, 1.0 / e.decode_tok_s, weight))
+            distance = abs(e.context_tokens - tokens)
+            if profile not in nearest or distance < nearest[profile][0]:
+                nearest[profile] = (distance, e)
+    return points, nearest
+
+
+def rising_line(points: list[tuple[float, float, float]]) -> tuple[float, float] | None:
+    """Weighted least squares y = a + b x with b >= 0; None without two points far enough
+    apart."""
+    if len(points) < 2:
+        return None
+    w = sx = sy = sxx = sxy = 0.0
+    low = high = points[0][0]
+    for x, y, wt in points:  # one pass: this runs for every depth of every free choice
+        w, sx, sy = w + wt, sx + wt * x, sy + wt * y
+        sxx, sxy = sxx + wt * x * x, sxy + wt * x * y
+        low, high = min(low, x), max(high, x)
+    if high - low < TREND_MIN_SPAN:
+        return None
+    mx, my = sx / w, sy / w
+    var, cov = sxx - w * mx * mx, sxy - w * mx * my
+    slope = max(cov / var, 0.0) if var > 0 else 0.0
+    return my - slope * mx, slope
 
 
 def expected_output_tokens(
@@ -131,17 +238,22 @@ def learned_detail(
 
 
 def explores(
-    reason: Reason, prompt_tokens: int, settings: RoutingSettings, rng: random.Random
+    reason: Reason,
+    prompt_tokens: int,
+    settings: RoutingSettings,
+    rng: random.Random,
+    *,
+    cold: bool = False,
+    max_tokens: int | None = None,
 ) -> bool:
-    """Whether this free choice explores: a choice still made by the cold rules at
-    ``cold_exploration_rate`` (bounded: only until two profiles are trusted there), a learned
-    one at the small steady ``exploration_rate``; never past ``exploration_max_tokens``."""
-    rate = settings.cold_exploration_rate if reason == "rule" else settings.exploration_rate
-    return (
-        settings.learning
-        and prompt_tokens < settings.exploration_max_tokens
-        and rng.random() < rate
-    )
+    """Whether this free choice explores: a choice still made by the cold rules (or ``cold``:
+    by a neighbour's ranking) at ``cold_exploration_rate`` (bounded: only until two profiles
+    are trusted there), a learned one at the small steady ``exploration_rate``; never past
+    ``max_tokens`` (default ``exploration_max_tokens``)."""
+    cold = cold or reason == "rule"
+    rate = settings.cold_exploration_rate if cold else settings.exploration_rate
+    limit = settings.exploration_max_tokens if max_tokens is None else max_tokens
+    return settings.learning and prompt_tokens < limit and rng.random() < rate
 
 
 def thompson_speed(mean: float, spread: float, samples: float, rng: random.Random) -> float:

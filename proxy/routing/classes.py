@@ -41,6 +41,15 @@ def _labels(bounds: tuple[int, ...]) -> tuple[str, ...]:
     return tuple(labels)
 
 
+def bucket_contexts(bounds: list[int]) -> dict[str, float]:
+    """A representative context per bucket label: the middle of its bounds; the last, open
+    bucket at 1.5 times its lower bound ([4096, 16384] -> '<4k' 2048, '4k-16k' 10240, '16k+'
+    24576)."""
+    edges = [0, *bounds]
+    middles = [(a + b) / 2 for a, b in itertools.pairwise(edges)] + [1.5 * bounds[-1]]
+    return dict(zip(bucket_labels(bounds), middles, strict=True))
+
+
 def classify_tokens(tokens: int, kind: ContentKind, settings: RoutingSettings) -> RequestClass:
     bounds = settings.context_buckets
     return RequestClass(_labels(tuple(bounds))[bisect.bisect_right(bounds, tokens)], kind)

@@ -8,17 +8,22 @@ mix, and turning a finished relay into an observation.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
+
+import structlog
 
 from proxy.apis import Api
 from proxy.config.routing import RoutingSettings, decay_factor
 from proxy.routing.busy import BusyDepths, next_busy_depth
-from proxy.routing.classes import RequestClass, classify, load_level
+from proxy.routing.calibration import Calibration
+from proxy.routing.classes import RequestClass, bucket_contexts, classify, load_level
+from proxy.routing.collapse import CollapseGuard, suspect
 from proxy.routing.depth import Replica, decide_depth
 from proxy.routing.features import RequestFeatures, extract_features
 from proxy.routing.policy import Candidate, decide
@@ -34,6 +39,11 @@ from proxy.routing.telemetry import (
 )
 from proxy.serving.backends import LiveBackend, LiveBackends
 from proxy.serving.forward import Relayed
+
+log = structlog.get_logger("proxy.routing")
+BUSY_CONTEXT_PRIOR = 2.0
+"""Admissions' worth of ``long_context_tokens`` in a process's busy context before it has any
+(``Router._busy_context``)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,16 @@ class Router:
         self._caches = SlotCaches()
         self.mix: Counter[tuple[str, str, str]] = Counter()  # (model, profile, reason)
         self.per_request: dict[str, PerRequestModel] = {}  # set by the app from the plans
+        self.calibrated: dict[str, Calibration] = {}
+        """Backend name -> its start-up calibration (proxy.routing.calibrate), once found."""
+        self.guards: dict[str, CollapseGuard] = {}
+        """Backend name -> its acceptance-collapse guard (proxy.routing.collapse)."""
+        self.clock: Callable[[], float] = time.monotonic  # the guards' back-off clock
+        self._recent_context: dict[str, tuple[float, float, float]] = {}
+        """Backend name -> decayed count, sum and sum of squares of its admissions' prompt
+        tokens (like recent_load): the context its calibrated busy gap is carried to
+        (``_busy_context``)."""
+
         self._load_decay = 0.5 ** (1.0 / settings.load_half_life_requests)
         self._busy_decay = decay_factor(settings.half_life_samples)
 
@@ -159,6 +179,8 @@ class Router:
     ) -> Route | None:
         """One process per replica: a replica and a per-request depth (routing.depth)."""
         holder = self._holder(features.session_key)
+        now = self.clock()
+        guarded = self.settings.collapse_guard
         replicas = [
             Replica(
                 b.name,
@@ -167,7 +189,11 @@ class Router:
                 b.slots,
                 b.name == holder,
                 b.recent_load,
-                self._busy_depth(b.name, per_request, calm=b.in_flight == 0),
+                self._busy_depth(b.name, b.slots, per_request, calm=b.in_flight == 0),
+                self.calibrated.get(b.name),
+                self._alone_points(b.name, per_request.depths),
+                collapsed=guarded and self._guard(b.name).collapsed,
+                trial=guarded and self._guard(b.name).trial_due(now),
             )
             for b in self.backends.of_model(model)
             if b.name not in exclude
@@ -190,33 +216,86 @@ class Router:
             busy = self.stats.busy[backend.name]
             busy.left -= 1
             busy.sent[decision.profile] += 1
+        elif decision.reason == "collapsed" and decision.depth > 0:
+            self._guard(backend.name).begin_trial()
         decay = self._load_decay
         backend.recent_load = backend.recent_load * decay + (backend.in_flight + 1) * (1 - decay)
+        tokens = float(features.est_prompt_tokens)
+        n, total, squares = self._recent_context.get(backend.name, (0.0, 0.0, 0.0))
+        self._recent_context[backend.name] = (
+            n * decay + 1.0,
+            total * decay + tokens,
+            squares * decay + tokens**2,
+        )
+
         route = self._placed(
             model, backend, features, decision.profile, decision.reason, decision.detail
         )
         return replace(route, depth=decision.depth, level=decision.level)
 
-    def _busy_depth(self, backend: str, per_request: PerRequestModel, *, calm: bool) -> str | None:
-        """The depth of the backend's current busy epoch; the next epoch's once it ran out."""
+    def _alone_points(
+        self, backend: str, depths: Mapping[str, int]
+    ) -> dict[str, dict[str, tuple[float, float]]]:
+        """Per kind and profile, what the backend's calibration measured alone: the profiles
+        at its depth 0 and at its deepest depth."""
+        calibration = self.calibrated.get(backend)
+        if calibration is None:
+            return {}
+        out: dict[str, dict[str, tuple[float, float]]] = {}
+        for cell in calibration.alone_kinds:
+            for profile, depth in depths.items():
+                if depth == cell.depth:
+                    out.setdefault(cell.kind, {})[profile] = (cell.context, cell.tok_s)
+        return out
+
+    def _busy_context(self, backend: str) -> float:
+        """The context a busy process's requests decode at: its recent admissions' prompt
+        tokens, weighted by tokens (a long agent prompt holds the process, and every step
+        beside it, far longer than a chat: counted per request, short chats hid it), blended
+        with ``BUSY_CONTEXT_PRIOR`` admissions of ``long_context_tokens`` (an agent's prompt
+        grows there, and the first busy stretch is where a wrong cold depth costs most: queues
+        form behind it)."""
+        n, total, squares = self._recent_context.get(backend, (0.0, 0.0, 0.0))
+        mean = squares / total if total > 0 else 0.0
+        prior = float(self.settings.long_context_tokens)
+        return (n * mean + BUSY_CONTEXT_PRIOR * prior) / (n + BUSY_CONTEXT_PRIOR)
+
+    def _busy_depth(
+        self, backend: str, slots: int, per_request: PerRequestModel, *, calm: bool
+    ) -> str | None:
+        """The depth of the backend's current busy epoch; the next epoch's once it ran out.
+
+        Cold, the process starts at ``cold_busy_role``, or where its start-up calibration
+        measured the faster depth with every slot decoding (short prompts); when that is not
+        ``cold_busy_role``, the other depth's first epoch comes as soon as the cold one has its
+        samples, idle process or not. The calibration's gap carried to each class's context is
+        the prior of the classes not yet run at the other depth (routing.busy)."""
         if per_request.mixed:
             return None
         state = self.stats.busy.setdefault(backend, BusyDepths())
         if state.profile is None or state.left <= 0 or calm:
             depths = per_request.depths
-            cold = self.settings.role_profile(self.settings.cold_busy_role)
+            settings = self.settings
+            calibration = self.calibrated.get(backend)
+            top = load_level(slots, settings)
+            context = self._busy_context(backend)
+            role = calibration.cold_role(top, context) if calibration is not None else None
+            cold = settings.role_profile(role or settings.cold_busy_role)
             shallowest = min(depths, key=lambda p: (depths[p], p))
             deepest = max(depths, key=lambda p: (depths[p], p))
             first = cold if cold in depths else shallowest
             # The other depth measured: the deepest, or the shallowest when the cold pick is
             # the deepest (cold_busy_role = "max" still learns whether plain decoding is faster).
+            other = deepest if first != deepest else shallowest
             epoch = next_busy_depth(
                 state,
                 first,
-                deepest if first != deepest else shallowest,
-                self.settings.min_samples,
-                self.settings.busy_epoch_admissions,
+                other,
+                settings.min_samples,
+                settings.busy_epoch_admissions,
                 calm=calm,
+                priors=_priors(calibration, settings, other == deepest),
+                confirm=role is not None and role != settings.cold_busy_role,
             )
             state.profile, state.exploring = epoch.profile, epoch.exploring
             state.left = self.settings.busy_epoch_admissions
@@ -320,12 +399,14 @@ class Router:
         learn: bool = True,
         single_depth_s: float = 0.0,
         single_depth_load: float = 0.0,
+        others_at_end: int | None = None,
     ) -> Observation:
         """The request's observation; learned from unless ``learn`` is False (it ran at a
         depth the client set itself, which is not its route's profile, or beside another
         depth). ``single_depth_s``: how long it ran while its process was busy at its depth only
         (what the busy epochs learn from, routing.busy), ``single_depth_load`` how many requests
-        decoded together then, on average."""
+        decoded together then, on average. ``others_at_end``: the other requests on its backend
+        when it ended (default: now)."""
         self._caches.release(route.backend.name, route.cache_key)
         scale = self.settings.clock_scale
         if scale != 1.0:  # every clock reading is scaled: their differences scale alike
@@ -347,32 +428,122 @@ class Router:
         busy = self.stats.busy.get(route.backend.name) if route.depth is not None else None
         if busy is not None and route.reason == "busy":
             busy.finished[route.profile] += 1
+        settings = self.settings
+        parts: list[Callable[[], None]] = []
         speed = observation.decode_tok_s
-        if busy is not None and self.settings.learning and speed and observation.output_tokens:
+        if busy is not None and settings.learning and speed and observation.output_tokens:
             # Its time at one depth, of which no more than it spent decoding (not its prefill).
             seconds = min(single_depth_s * scale, observation.output_tokens / speed)
-            level = load_level(single_depth_load, self.settings)
-            busy.observe(
-                route.request_class, level, route.profile, speed, seconds, self._busy_decay
+            busy_level = load_level(single_depth_load, settings)
+            parts.append(
+                functools.partial(
+                    busy.observe,
+                    route.request_class,
+                    busy_level,
+                    route.profile,
+                    speed,
+                    seconds,
+                    self._busy_decay,
+                )
             )
-        if not self.settings.learning or not learn:
-            return observation
-        # The load over the request's life: the mean of the others in flight when it was sent
-        # and when it ended (the lease is released by now, so in_flight counts only others).
-        load = (route.in_flight + route.backend.in_flight) / 2.0
-        # A per-request process keys its statistics by load level (this request counted).
-        level = load_level(load + 1.0, self.settings) if route.depth is not None else 0
-        self.stats.observe(
-            route.request_class,
-            route.profile,
-            observation,
-            model=features.model,
-            load=load,
-            level=level,
-        )
-        if observation.context_tokens:
+        if settings.learning and learn:
+            # The load over the request's life: the mean of the others in flight when it was
+            # sent and when it ended (the lease is released by now: in_flight counts others).
+            at_end = route.backend.in_flight if others_at_end is None else others_at_end
+            load = (route.in_flight + at_end) / 2.0
+            # A per-request process keys its statistics by load level (this request counted).
+            level = load_level(load + 1.0, settings) if route.depth is not None else 0
+            parts.append(
+                functools.partial(
+                    self.stats.observe,
+                    route.request_class,
+                    route.profile,
+                    observation,
+                    model=features.model,
+                    load=load,
+                    level=level,
+                )
+            )
+
+        def apply() -> None:
+            for part in parts:
+                part()
+
+        fate = self._guarded(route, features.model, observation)
+        if fate == "learn":
+            apply()
+        elif fate == "hold":
+            self.guards[route.backend.name].hold(
+                apply,
+                observation.draft_n or 0,
+                observation.draft_n_accepted or 0,
+                self._expected_acceptance(route, features.model),
+            )
+        if settings.learning and learn and observation.context_tokens:
             self.stats.calibrator.observe(features, observation.context_tokens)
         return observation
+
+    def _guarded(self, route: Route, model: str, obs: Observation) -> str:
+        """What the collapse guard makes of a finished request (routing.collapse): "learn" it,
+        "hold" its learning until the window's verdict, or "skip" it (it drafted during a
+        collapse, or as its trial: what was learned before stays)."""
+        drafted, accepted = obs.draft_n, obs.draft_n_accepted
+        if route.depth is None or not self.settings.collapse_guard:
+            return "learn"
+        guard = self._guard(route.backend.name)
+        if not drafted or accepted is None:
+            return "learn"
+        expected = self._expected_acceptance(route, model)
+        trial = route.reason == "collapsed"
+        verdict = guard.observe(drafted, accepted, expected, self.clock(), trial=trial)
+        where = {"backend": route.backend.name, "model": model}
+        if verdict == "collapsed":
+            log.warning(
+                "acceptance_collapsed",
+                **where,
+                cause=guard.cause,
+                serving="depth 0",
+                next_trial_in_s=round(guard.backoff_s, 1),
+                dropped=guard.dropped,
+                known_causes="MTP bugs that drive acceptance to ~0 (llama.cpp #27151, #27572, "
+                "#23636) or a drafter decaying over uptime",
+            )
+        elif verdict == "still":
+            log.warning(
+                "acceptance_still_collapsed",
+                **where,
+                trial_acceptance=round(guard.last.acceptance, 4),
+                trial_drafted=round(guard.last.drafted),
+                next_trial_in_s=round(guard.backoff_s, 1),
+            )
+        elif verdict == "recovered":
+            log.info(
+                "acceptance_recovered",
+                **where,
+                trial_acceptance=round(guard.last.acceptance, 4),
+                expected=round(guard.last.expected / max(guard.last.drafted, 1.0), 4),
+                trials=guard.trials,
+            )
+        if trial or guard.collapsed or verdict in ("collapsed", "still"):
+            return "skip"
+        return "hold" if suspect(drafted, accepted, expected) else "learn"
+
+    def _guard(self, backend: str) -> CollapseGuard:
+        guard = self.guards.get(backend)
+        if guard is None:
+            s = self.settings
+            guard = self.guards[backend] = CollapseGuard(s.collapse_retry_s, s.collapse_retry_max_s)
+        return guard
+
+    def _expected_acceptance(self, route: Route, model: str) -> float:
+        """What the request's class had learned to accept at its depth (any load level), else
+        what the backend's calibration measured, else break-even."""
+        learned = self.stats.learned_acceptance(route.request_class, route.profile, model)
+        if learned is not None:
+            return learned
+        calibration = self.calibrated.get(route.backend.name)
+        measured = calibration.acceptance() if calibration is not None else None
+        return measured if measured is not None else self.settings.break_even_acceptance
 
     def learned_rows(self) -> list[LearnedRow]:
         return [
@@ -398,8 +569,34 @@ class Router:
             "learned": learned,
             "sessions": len(self._sessions),
             "busy": {name: busy.report() for name, busy in sorted(self.stats.busy.items())},
+            "calibration": {
+                name: c.report(self.settings.concurrency_levels)
+                for name, c in sorted(self.calibrated.items())
+            },
+            "collapse": {
+                name: guard.report(self.clock()) for name, guard in sorted(self.guards.items())
+            },
+            "changes": list(self.stats.changes),
             "state": self.stats.load_report,
         }
+
+
+def _priors(
+    calibration: Calibration | None, settings: RoutingSettings, deeper: bool
+) -> Callable[[str, int], float | None] | None:
+    """The calibrated log gap of the busy epochs' other depth against the cold one, per class
+    and busy level, carried to the class's context: deepest vs depth 0 (``deeper``), or its
+    opposite."""
+    if calibration is None:
+        return None
+    contexts = bucket_contexts(settings.context_buckets)
+
+    def prior(label: str, level: int) -> float | None:
+        bucket = label.split("/", 1)[0]
+        gap = calibration.log_gap(level, contexts.get(bucket, 0.0)) if level > 1 else None
+        return None if gap is None else (gap if deeper else -gap)
+
+    return prior
 
 
 def _scaled(t: float | None, scale: float) -> float | None:

@@ -1,4 +1,5 @@
-"""Draft acceptance for APIs that report no timings, from a backend's /metrics spec counters.
+"""Draft acceptance (and decode speed) for APIs that report no timings, from a backend's
+/metrics spec counters (and its decode clock, tokens_predicted_seconds_total).
 
 `/v1/messages` (what Claude Code speaks) and non-stream `/v1/responses` carry no `draft_n`. The
 backend's `llamacpp:spec_decode_num_*` counters do, but per backend, not per request. The movement

@@ -7,7 +7,9 @@ same cell: the estimate of a profile that is never chosen does not rot, explorat
 
 The per-model chars-per-token calibrator lives here too (it is learned and persisted alike).
 The state is a small JSON document, written atomically (temp file + os.replace) and loaded
-tolerantly (missing or corrupt file: start empty and say so in ``load_report``).
+tolerantly (missing or corrupt file: start empty and say so in ``load_report``). Version 1; the
+backends' start-up calibrations (``calibrations``, keyed by binary, model and flags) were added
+as an optional key: files without it load as before, and older readers ignore it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import math
 import os
 import stat
 import tempfile
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,14 +29,29 @@ import structlog
 
 from proxy.config.routing import RoutingSettings, decay_factor
 from proxy.routing.busy import BusyDepths
+from proxy.routing.calibration import Calibration
 from proxy.routing.classes import RequestClass, bucket_labels
 from proxy.routing.features import IMAGE_TOKENS, TEMPLATE_TOKENS_PER_MESSAGE, RequestFeatures
 from proxy.routing.telemetry import Observation
 
 _STATE_VERSION = 1
+CHANGE_SLACK = 0.15
+"""Change detection (``_Cell.observe``): a trusted cell's decode speeds are compared with its
+learned mean in log space, a two-sided CUSUM with this slack (~16 %, about a class's own spread
+of per-request speeds) ..."""
+CHANGE_LIMIT = 1.0
+"""... which signals a change past this sum: a speed halved signals at the 2nd request, -30 %
+at the 6th, +50 % at the 5th, while noise of the slack's size alone practically never adds up
+to it (tests/unit/test_stats.py). On a signal
+the class's cells (every profile, that load level) keep one observation's weight and lose their
+trust, so the class explores again (ik_llama.cpp's autotune resets on a task change)."""
 _MIN_DECODE_TOKENS = 4  # shorter outputs give no meaningful decode rate
 _MIN_PREFILL_TOKENS = 32  # below this the fixed per-request overhead dominates
 _MAX_STATE_BYTES = 64 << 20  # a state file is kilobytes; anything far larger is not ours
+_MAX_CHANGES = 20  # changes kept for /admin/routing
+RECENT_POINTS = 8
+"""Per (model, kind, load level, profile), the last requests' (context, decode speed) kept for
+the context trend's local line (``choice.trend_estimates``); in memory only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +72,9 @@ class Estimate:
     """Mean number of other requests on the backend while the decode speeds were measured:
     the speed already includes that load, so the policy scales it from this load to the
     current one instead of applying its load model on top (which counted load twice)."""
+    context_tokens: float | None = None
+    """Mean context (prompt tokens) of the requests whose decode speeds were measured: where a
+    class's speed sits on the context axis (``choice.trend_estimates``)."""
 
     def acceptance_trusted(self, min_samples: int) -> float | None:
         if self.acceptance is None or self.acceptance_count < min_samples:
@@ -91,8 +112,11 @@ class _Cell:
         "acc_n",
         "acc_w",
         "accepted",
+        "context",
         "decode",
         "drafted",
+        "drift_down",
+        "drift_up",
         "est",
         "load",
         "output",
@@ -102,16 +126,22 @@ class _Cell:
     def __init__(self) -> None:
         self.decode = _Mean()
         self.load = _Mean()  # other requests in flight, weighted like the decode speeds
+        self.context = _Mean()  # prompt tokens, weighted like the decode speeds
         self.prefill = _Mean()
         self.output = _Mean()
         self.drafted = 0.0
         self.accepted = 0.0
         self.acc_w = 0.0
         self.acc_n = 0.0
+        self.drift_up = self.drift_down = 0.0  # the change detector's two sums (CHANGE_SLACK)
         self.est: Estimate | None = None  # cached until the next observation
 
-    def observe(self, obs: Observation, d: float, prior_prefill: float, load: float) -> None:
-        for mean in (self.decode, self.prefill, self.output, self.load):
+    def observe(
+        self, obs: Observation, d: float, prior_prefill: float, load: float, min_samples: int
+    ) -> bool:
+        """Add one observation; True when its decode speed, with the trusted ones before it,
+        says the cell's speed moved far from what it learned (``CHANGE_LIMIT``)."""
+        for mean in (self.decode, self.prefill, self.output, self.load, self.context):
             mean.decay(d)
         self.drafted *= d
         self.accepted *= d
@@ -129,14 +159,40 @@ class _Cell:
             rate = self.prefill.value() or prior_prefill
             busy = obs.total_s - (ptoks or 0) / rate
             decode = out / busy if busy > 0 else None
+        changed = False
         if decode is not None and out is not None and out >= _MIN_DECODE_TOKENS:
+            changed = self._drifted(decode, min_samples)
             self.decode.add(decode)
             self.load.add(max(load, 0.0))
+            if obs.context_tokens is not None:
+                self.context.add(float(obs.context_tokens))
         if obs.draft_n is not None and obs.draft_n_accepted is not None:
             self.drafted += obs.draft_n
             self.accepted += min(obs.draft_n_accepted, obs.draft_n)
             self.acc_w += 1.0
             self.acc_n += 1.0
+        return changed
+
+    def _drifted(self, decode: float, min_samples: int) -> bool:
+        mean = self.decode.value()
+        if self.decode.n < min_samples or mean is None or mean <= 0 or decode <= 0:
+            return False
+        step = math.log(decode / mean)
+        self.drift_up = max(0.0, self.drift_up + step - CHANGE_SLACK)
+        self.drift_down = max(0.0, self.drift_down - step - CHANGE_SLACK)
+        return max(self.drift_up, self.drift_down) > CHANGE_LIMIT
+
+    def forget(self) -> None:
+        """Keep one observation's weight of everything and no trust: the class explores again,
+        and its next observations outweigh what it learned before the change."""
+        for mean in (self.decode, self.prefill, self.output, self.load, self.context):
+            mean.w, mean.n = min(mean.w, 1.0), 0.0
+        if self.acc_w > 1.0:
+            self.drafted, self.accepted = self.drafted / self.acc_w, self.accepted / self.acc_w
+            self.acc_w = 1.0
+        self.acc_n = 0.0
+        self.drift_up = self.drift_down = 0.0
+        self.est = None
 
     def estimate(self, min_samples: int) -> Estimate:
         if self.est is None:
@@ -152,6 +208,7 @@ class _Cell:
                 output_tokens=self.output.value(),
                 trusted=self.decode.n >= min_samples,
                 decode_load=self.load.value() or 0.0,
+                context_tokens=self.context.value(),
             )
         return self.est
 
@@ -162,6 +219,7 @@ class _Cell:
             "output": [self.output.w, self.output.m, self.output.m2, self.output.n],
             "acceptance": [self.acc_w, self.drafted, self.accepted, self.acc_n],
             "load": [self.load.w, self.load.m, self.load.m2, self.load.n],
+            "context": [self.context.w, self.context.m, self.context.m2, self.context.n],
         }
 
     @classmethod
@@ -173,6 +231,8 @@ class _Cell:
         cell.acc_w, cell.drafted, cell.accepted, cell.acc_n = _floats(data["acceptance"], 4)
         if "load" in data:  # files written before the load was kept: measured as if idle
             cell.load = _Mean(*_floats(data["load"], 4))
+        if "context" in data:  # files written before the context was kept: no trend from it
+            cell.context = _Mean(*_floats(data["context"], 4))
         return cell
 
 
@@ -258,6 +318,11 @@ class LearnedStats:
         self._cells: dict[tuple[str, RequestClass, int], dict[str, _Cell]] = {}
         self.busy: dict[str, BusyDepths] = {}
         """Per-request process (backend name) -> its busy epochs and what it measured there."""
+        self.calibrations: dict[str, Calibration] = {}
+        """Start-up calibrations by key (binary, model, flags: proxy.routing.calibrate)."""
+        self._recent: dict[tuple[str, str, int], dict[str, deque[tuple[float, float]]]] = {}
+        self.changes: list[dict[str, object]] = []
+        """The last classes whose speed moved far from what they had learned (``observe``)."""
         self.calibrator = TokenCalibrator(
             settings.chars_per_token, settings.chars_per_token_half_life
         )
@@ -275,8 +340,30 @@ class LearnedStats:
     ) -> None:
         """Add one observation; ``load``: other requests on its backend meanwhile (mean);
         ``level``: its load level on a per-request process (0: a pool backend)."""
-        cell = self._cells.setdefault((model, cls, level), {}).setdefault(profile, _Cell())
-        cell.observe(obs, self._decay, self._settings.prior_prefill_tok_s, load)
+        cells = self._cells.setdefault((model, cls, level), {})
+        cell = cells.setdefault(profile, _Cell())
+        speed, out = obs.decode_tok_s, obs.output_tokens
+        if level and speed and obs.context_tokens and out and out >= _MIN_DECODE_TOKENS:
+            by_profile = self._recent.setdefault((model, cls.kind, level), {})
+            recent = by_profile.setdefault(profile, deque(maxlen=RECENT_POINTS))
+            recent.append((float(obs.context_tokens), speed))
+        learned = cell.decode.value()
+        settings = self._settings
+        changed = cell.observe(
+            obs, self._decay, settings.prior_prefill_tok_s, load, settings.min_samples
+        )
+        if changed and settings.change_detection:
+            for each in cells.values():
+                each.forget()
+            change: dict[str, object] = {
+                "model": model,
+                "class": cls.label + (f"@{level}" if level else ""),
+                "profile": profile,
+                "learned_tok_s": _round(learned),
+                "measured_tok_s": _round(obs.decode_tok_s),
+            }
+            self.changes = [*self.changes[-(_MAX_CHANGES - 1) :], change]
+            structlog.get_logger("proxy.routing.stats").info("class_changed", **change)
 
     def estimate(
         self, cls: RequestClass, profile: str, *, model: str = "", level: int = 0
@@ -293,6 +380,30 @@ class LearnedStats:
         min_samples = self._settings.min_samples
         cells = self._cells.get((model, cls, level), {})
         return {p: c.estimate(min_samples) for p, c in cells.items()}
+
+    def learned_acceptance(self, cls: RequestClass, profile: str, model: str = "") -> float | None:
+        """A class's trusted acceptance at a profile, drafted-token weighted over load levels;
+        None before min_samples drafted requests."""
+        drafted = accepted = count = 0.0
+        for level in (0, *self._settings.concurrency_levels):
+            cell = self._cells.get((model, cls, level), {}).get(profile)
+            if cell is not None:
+                drafted, accepted, count = (
+                    drafted + cell.drafted,
+                    accepted + cell.accepted,
+                    count + cell.acc_n,
+                )
+        if count < self._settings.min_samples or drafted <= 0:
+            return None
+        return accepted / drafted
+
+    def recent(
+        self, kind: str, level: int, model: str = ""
+    ) -> dict[str, list[tuple[float, float]]]:
+        """Per profile, the last requests' (context tokens, decode tok/s) of a content kind at
+        a load level of a per-request process, oldest first."""
+        by_profile = self._recent.get((model, kind, level), {})
+        return {profile: list(points) for profile, points in by_profile.items()}
 
     def for_model(self, model: str) -> ModelStats:
         """The policy's StatsView of one model."""
@@ -348,6 +459,7 @@ class LearnedStats:
             "cells": cells,
             "chars_per_token": self.calibrator.to_json(),
             "busy": {name: busy.to_json() for name, busy in sorted(self.busy.items())},
+            "calibrations": {key: c.to_json() for key, c in sorted(self.calibrations.items())},
         }
         return json.dumps(state, separators=(",", ":")).encode()
 
@@ -374,6 +486,7 @@ class LearnedStats:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             stats._cells.clear()
             stats.busy.clear()
+            stats.calibrations.clear()
             stats.load_report = f"corrupt ({exc!r}): starting empty"
             log.warning("stats_state_corrupt", error=repr(exc))
             return stats
@@ -404,6 +517,8 @@ class LearnedStats:
         for name, rows in state.get("busy", {}).items():  # files from before: none
             self.busy[str(name)], lost = BusyDepths.from_json(rows, class_labels)
             dropped += lost
+        for key, data in state.get("calibrations", {}).items():  # files from before: none
+            self.calibrations[str(key)] = Calibration.from_json(data)
         return kept, dropped
 
 
@@ -420,6 +535,10 @@ class ModelStats:
     def view_at(self, cls: RequestClass, level: int) -> dict[str, Estimate]:
         """A per-request process's estimates at one load level (routing.depth)."""
         return self.stats.view(cls, self.model, level)
+
+    def recent_at(self, kind: str, level: int) -> dict[str, list[tuple[float, float]]]:
+        """The last requests of a kind at one load level, per profile (routing.depth)."""
+        return self.stats.recent(kind, level, self.model)
 
 
 def _round(value: float | None, digits: int = 2) -> float | None:

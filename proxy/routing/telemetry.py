@@ -27,6 +27,7 @@ Source = Literal["timings", "usage+clock"]
 
 _MAX_TAIL = 16 * 1024 * 1024  # an "event" this large without a boundary is not SSE: give up
 _SPEC_PREFIX = "llamacpp:spec_decode_num_"
+_DECODE_CLOCK = ("llamacpp:tokens_predicted_total", "llamacpp:tokens_predicted_seconds_total")
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,28 +282,42 @@ class StreamTelemetry:
 
 @dataclass(frozen=True, slots=True)
 class SpecCounters:
-    """llama-server's speculative-decoding counters from /metrics."""
+    """llama-server's speculative-decoding counters from /metrics, and its decode clock
+    (tokens_predicted_total, tokens_predicted_seconds_total) where it has one."""
 
     draft_tokens: float
     accepted_tokens: float
     drafts: float
+    predicted_tokens: float | None = None
+    predicted_seconds: float | None = None
 
     def __sub__(self, before: SpecCounters) -> SpecCounters:
         return SpecCounters(
             self.draft_tokens - before.draft_tokens,
             self.accepted_tokens - before.accepted_tokens,
             self.drafts - before.drafts,
+            _minus(self.predicted_tokens, before.predicted_tokens),
+            _minus(self.predicted_seconds, before.predicted_seconds),
         )
+
+
+def _minus(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else after - before
 
 
 def parse_spec_counters(text: str) -> SpecCounters | None:
     """The three spec counters of a /metrics page, or None if any is missing/unparsable."""
     values: dict[str, float] = {}
+    clock: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name.startswith(_SPEC_PREFIX) and not sample.labels:
+                if sample.labels:
+                    continue
+                if sample.name.startswith(_SPEC_PREFIX):
                     values[sample.name[len(_SPEC_PREFIX) :]] = sample.value
+                elif sample.name in _DECODE_CLOCK:
+                    clock[sample.name] = sample.value
     except ValueError:
         return None
     try:
@@ -310,6 +325,8 @@ def parse_spec_counters(text: str) -> SpecCounters | None:
             draft_tokens=values["draft_tokens_total"],
             accepted_tokens=values["accepted_tokens_total"],
             drafts=values["drafts_total"],
+            predicted_tokens=clock.get(_DECODE_CLOCK[0]),
+            predicted_seconds=clock.get(_DECODE_CLOCK[1]),
         )
     except KeyError:
         return None
@@ -361,6 +378,11 @@ def make_observation(
     # A counter reset (backend restart) shows as a negative delta: unknown then.
     if spec_delta is not None and min(spec_delta.draft_tokens, spec_delta.accepted_tokens) >= 0:
         drafted, accepted = int(spec_delta.draft_tokens), int(spec_delta.accepted_tokens)
+        # The backend's own decode clock, exact for a request that ran alone: the proxy's
+        # clock adds the relay's and the network's jitter to every token's time.
+        tokens, seconds = spec_delta.predicted_tokens, spec_delta.predicted_seconds
+        if tokens is not None and seconds is not None and tokens >= 2 and seconds > 0:
+            decode = tokens / seconds
     return Observation(
         backend=backend,
         profile=profile,

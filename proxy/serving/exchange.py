@@ -67,6 +67,7 @@ class Exchange:
         self.ran_mixed = False  # decoded beside another depth on its process (not learned from)
         self.single_depth_s = 0.0  # ... and how long it ran busy beside its own depth only
         self.single_depth_load = 0.0  # ... with how many decoding then, on average
+        self.others_at_end: int | None = None  # requests on its backend when it ended
         self.failed: dict[str, int] = {}  # backend -> generation that failed before answering
 
     @functools.cached_property
@@ -193,6 +194,10 @@ class Exchange:
             self.ran_mixed = lease.ran_mixed
             self.single_depth_s = lease.single_depth_s()
             self.single_depth_load = lease.single_depth_load()
+        # Read now, not in the deferred bookkeeping: by then a client that sends its next
+        # request at once (one person's agent) has it in flight, and a request that ran alone
+        # was learned as one that ran beside another (routing.router, load levels).
+        self.others_at_end = backend.in_flight
         if relayed.status < 400:  # errors go back through the middleware that reshapes them
             await self._send(out)
         done_at = time.perf_counter()
@@ -319,6 +324,7 @@ class Exchange:
             learn=route.depth is None or not (self.own_depth or self.ran_mixed),
             single_depth_s=0.0 if self.own_depth else self.single_depth_s,
             single_depth_load=self.single_depth_load,
+            others_at_end=self.others_at_end,
         )
         self.state.metrics.record_observation(self.model, route.profile, observation)
         return observation

@@ -6,11 +6,14 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
+
 from proxy.config.routing import RoutingSettings
+from proxy.routing.choice import rising_line, trend_estimates
 from proxy.routing.classes import RequestClass, load_level
 from proxy.routing.depth import DepthDecision, Replica, decide_depth
 from proxy.routing.features import ContentKind
-from proxy.routing.stats import LearnedStats
+from proxy.routing.stats import Estimate, LearnedStats
 from proxy.routing.telemetry import Observation
 from tests.support.routing_inputs import Draws, feat
 
@@ -21,7 +24,7 @@ SHORT = RequestClass("<4k", "prose")
 
 
 def one(in_flight: int = 0, **kw: object) -> Replica:
-    return Replica("m/one-copy", True, in_flight, 4, **kw)  # type: ignore[arg-type]
+    return Replica("m/one-copy", True, in_flight, 4, **kw)
 
 
 def train(
@@ -34,6 +37,7 @@ def train(
     n: int = 10,
     acceptance: float = 0.8,
     out: int = 400,
+    context: int = 2000,
 ) -> None:
     drafted = 100 if DEPTHS[profile] else 0
     for _ in range(n):
@@ -41,7 +45,7 @@ def train(
             backend="m/one-copy",
             profile=profile,
             request_class=cls,
-            context_tokens=2000,
+            context_tokens=context,
             cached_tokens=0,
             output_tokens=out,
             draft_n=drafted or None,
@@ -172,8 +176,9 @@ def test_exploration_is_bounded_and_tries_the_untried_first() -> None:
     assert explored.reason == "explore" and explored.profile in ("off", "min")
     kept = run(500, settings=settings, rng=Draws(0.9))
     assert kept.reason == "rule"
-    # Never past exploration_max_tokens: a long prompt's wrong pick costs the most.
-    assert run(40_000, "code", settings=settings, rng=Draws(0.0)).reason == "rule"
+    # Long prompts explore too: every depth shares the process's cache, so a depth tried on a
+    # long prompt costs that request's decode only (a pool keeps exploration_max_tokens).
+    assert run(40_000, "code", settings=settings, rng=Draws(0.0)).reason == "explore"
     # Without learning: no exploration at all.
     frozen = RoutingSettings(learning=False, cold_exploration_rate=1.0)
     assert run(500, settings=frozen, rng=Draws(0.0)).reason == "rule"
@@ -228,3 +233,113 @@ def test_long_contexts_never_explore_a_depth_below_break_even() -> None:
         for seed in range(300)
     )
     assert picks["max"] == 0 and picks["min"] > 0, picks
+
+
+def test_a_longer_class_follows_the_context_trend_of_its_kind() -> None:
+    """A session growing past 64k tokens: the shorter buckets say drafting's lead shrinks with
+    context (setup-b's code: max 1.45x off at 10k, 1.33x at 24k, 1.12x at 48k), so the first
+    request past 64k starts at off, where their own level (max ahead) would have kept max."""
+    stats = LearnedStats(NO_EXPLORE)
+    for bucket, context, off, max_ in (
+        ("4k-16k", 10_000, 36.0, 52.0),
+        ("16k-32k", 24_000, 34.0, 45.0),
+        ("32k-64k", 48_000, 32.0, 36.0),
+    ):
+        cls = RequestClass(bucket, "code")
+        train(stats, cls, "off", off, n=3, context=context)
+        train(stats, cls, "max", max_, n=3, context=context)
+    far = run(90_000, "code", stats=stats)
+    assert (far.profile, far.reason) == ("off", "learned") and "context trend" in far.detail
+    near = run(52_000, "code", stats=stats)
+    assert near.profile == "max"  # the crossover is later: at 52k drafting still leads
+    prose = run(90_000, "prose", stats=stats)
+    assert prose.reason == "rule"  # another kind: its own trend, none yet
+
+
+def test_the_time_per_token_never_falls_with_context_and_needs_a_span() -> None:
+    assert rising_line([(10_000.0, 0.03, 1.0), (40_000.0, 0.02, 1.0)]) == (0.025, 0.0)
+    assert rising_line([(10_000.0, 0.03, 1.0), (12_000.0, 0.04, 1.0)]) is None
+    a, b = rising_line([(0.0, 0.02, 1.0), (10_000.0, 0.03, 3.0)]) or (0.0, 0.0)
+    assert (a, b) == pytest.approx((0.02, 1e-6))
+
+
+def test_the_calibration_gives_each_kind_its_first_trend_point_alone() -> None:
+    """One bucket measured: no line yet. The start-up calibration's short code prompt, alone at
+    depth 0 and at the deepest depth, is the second point of each line."""
+    stats = LearnedStats(NO_EXPLORE)
+    cls = RequestClass("4k-16k", "code")
+    train(stats, cls, "off", 36.0, n=3, context=10_000)
+    train(stats, cls, "max", 52.0, n=3, context=10_000)
+    assert run(90_000, "code", stats=stats).reason == "rule"
+    points = {"code": {"off": (100.0, 37.6), "max": (100.0, 59.0)}}
+    calibrated = Replica("m/one-copy", True, 0, 4, alone_points=points)
+    d = run(90_000, "code", stats=stats, replicas=[calibrated])
+    assert d.reason == "learned" and "context trend" in d.detail
+    busy = Replica("m/one-copy", True, 0, 4, recent_load=2.0, alone_points=points)
+    assert run(90_000, "code", stats=stats, replicas=[busy], mixed=True).reason == "rule"
+
+
+def test_recent_requests_draw_the_line_where_they_suffice() -> None:
+    """A session growing turn by turn: its last requests, a few thousand tokens below the next
+    one, draw the line; bucket means (the middle of each bucket) only where they are too few."""
+    stats = LearnedStats(S)
+    for bucket, context, speed in (("4k-16k", 10_000, 50.0), ("32k-64k", 40_000, 40.0)):
+        train(stats, RequestClass(bucket, "code"), "max", speed, n=5, context=context)
+        train(stats, RequestClass(bucket, "code"), "off", 30.0, n=5, context=context)
+    view = stats.for_model("")
+
+    def view_of(c: RequestClass) -> dict[str, Estimate]:
+        return view.view_at(c, 1)
+
+    cls = RequestClass("64k+", "code")
+    by_buckets = trend_estimates(view_of, cls, DEPTHS, S, 70_000)
+    steep = [(50_000.0 + 4_000 * i, 36.0 - 3.0 * i) for i in range(4)]  # falling fast lately
+    local = trend_estimates(view_of, cls, DEPTHS, S, 70_000, recent={"max": steep})
+    few = trend_estimates(view_of, cls, DEPTHS, S, 70_000, recent={"max": steep[:3]})
+    assert by_buckets["max"].decode_tok_s == few["max"].decode_tok_s
+    assert local["max"].decode_tok_s < 0.8 * (by_buckets["max"].decode_tok_s or 0)
+    assert local["off"].decode_tok_s == by_buckets["off"].decode_tok_s
+
+
+def test_an_unknown_depth_is_explored_only_where_it_could_win() -> None:
+    """Depth 0 measured only by the calibration (37.7 tok/s alone on a short code prompt): at
+    20k, where the depth-3 line says 45, it cannot win (speed never rises with context) and is
+    not tried; at 70k, where the line says 30, it could, and the class explores it (cold)."""
+    settings = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=1.0, min_samples=2)
+    stats = LearnedStats(settings)
+    for bucket, context, speed in (("4k-16k", 10_000, 50.0), ("32k-64k", 45_000, 36.0)):
+        train(stats, RequestClass(bucket, "code"), "max", speed, n=3, context=context)
+        train(stats, RequestClass(bucket, "code"), "min", speed * 0.95, n=3, context=context)
+    points = {"code": {"off": (100.0, 37.7)}}
+    replica = Replica("m/one-copy", True, 0, 4, alone_points=points)
+    near = run(20_000, "code", replicas=[replica], stats=stats, settings=settings)
+    assert near.profile == "max" and near.reason == "learned"
+    far = run(70_000, "code", replicas=[replica], stats=stats, settings=settings)
+    assert (far.profile, far.reason) == ("off", "explore")
+
+
+def test_depths_are_ranked_by_decode_alone_since_one_process_prefills_alike() -> None:
+    """max decodes 1.6x faster, but its cells happened to see slow prefills (little cache hit,
+    long context) and off's fast ones: ranking each with its own prefill rate put off first on a
+    36k prompt, whose expected prefill outweighs its decode."""
+    stats = LearnedStats(NO_EXPLORE)
+    cls = RequestClass("32k-64k", "code")
+    for profile, decode, prefill_s in (("off", 25.0, 5.0), ("max", 40.0, 60.0)):
+        for _ in range(5):
+            obs = Observation(
+                backend="m/one-copy",
+                profile=profile,
+                request_class=cls,
+                context_tokens=36_000,
+                cached_tokens=0,
+                output_tokens=400,
+                draft_n=100 if profile == "max" else None,
+                draft_n_accepted=80 if profile == "max" else None,
+                decode_tok_s=decode,
+                prefill_s=prefill_s,
+                ttft_s=None,
+                total_s=None,
+                source="timings",
+            )
+            stats.observe(cls, profile, obs, level=1)
+    assert run(36_000, "code", stats=stats).profile == "max"

@@ -209,6 +209,27 @@ def test_one_process_observations_are_kept_per_load_level() -> None:
     assert [(r["class"], r["profile"], r["level"]) for r in rows] == [("<4k/prose@1", "max", 1)]
 
 
+def test_the_load_at_its_end_is_read_when_it_ended_not_when_it_is_learned() -> None:
+    """One person's agent sends its next request as soon as an answer is complete: by the time
+    the deferred bookkeeping learns from the first, the second is in flight. Read then, a
+    request that ran alone was learned at load level 2; the exchange reads it at the end."""
+    usage = ParsedUsage(has_timings=True, prompt_n=500, predicted_n=100, predicted_ms=2000.0)
+    levels = []
+    for at_end in (0, None):
+        settings = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0)
+        router = _one_process_router(settings)
+        first = router.route("m", _features("a"), exclude=())
+        assert first is not None
+        with router.backends.lease(first.backend, first.profile):
+            pass  # it ran alone
+        with router.backends.lease(first.backend, first.profile):  # the next one, already sent
+            router.observe(
+                first, _features("a"), usage, sent_at=0.0, done_at=3.0, others_at_end=at_end
+            )
+        levels += [r["level"] for r in router.stats.table()]
+    assert levels == [1, 2]
+
+
 def test_one_process_remembers_its_recent_concurrency() -> None:
     settings = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0)
     router = _one_process_router(settings)

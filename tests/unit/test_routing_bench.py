@@ -12,8 +12,14 @@ import pytest
 import tomli_w
 
 from bench import trace_gen
-from bench.routing import load_trace, trace_names
-from bench.routing_reference import SIM_API, HindsightPin, hindsight, load_level
+from bench.routing import load_trace, relearn_report, trace_names
+from bench.routing_reference import (
+    SIM_API,
+    HindsightPin,
+    choice_estimates,
+    hindsight,
+    load_level,
+)
 from bench.routing_replay import Outcome, sessions_of
 from bench.routing_report import PolicyRun, mean_report, mean_table, ratios
 from bench.routing_topology import BenchConfig, proxy_config
@@ -330,3 +336,76 @@ def test_the_mean_gives_the_ratios_of_the_mean_goodputs() -> None:
     text = mean_table("trace default", mean_report(runs))
     assert "mean of 2 runs, setup-a, trace default" in text
     assert "adaptive        12.50" in text and "targets met: yes" in text
+
+
+def _prompt_chars(body: dict[str, Any]) -> int:
+    return len(json.dumps(body))
+
+
+def test_solo_trace_is_one_person_working_sequentially() -> None:
+    trace = trace_gen.solo_trace()
+    assert trace == trace_gen.solo_trace() and trace != trace_gen.solo_trace(8)  # seeded
+    groups = sessions_of(trace)
+    assert list(groups) == ["agent-claude-code-1"]  # one replay group: strictly sequential
+    agent = [r for r in trace if r.path == "/v1/messages" and "tools" in r.body]
+    chats = [r for r in trace if r not in agent]
+    assert len(agent) == 45 and 2 <= len(chats) <= 10  # an occasional short chat
+    sizes = [_prompt_chars(r.body) / 3.3 for r in agent]  # code: ~3.3 characters per token
+    assert 8_000 < sizes[0] < 13_000 and sizes[-1] > 100_000  # ~10k to 100k+ tokens
+    assert sizes == sorted(sizes)  # the session only grows
+    assert all(_prompt_chars(r.body) < 2_000 for r in chats)
+    results = [r for r in agent if '"tool_result"' in json.dumps(r.body["messages"][-1])]
+    steers = [r for r in agent[1:] if r not in results]
+    assert len(results) > 30 and steers  # tool results, and now and then the person steers
+    assert [r.at for r in trace] == sorted(r.at for r in trace)
+
+
+def test_relearn_trace_keeps_its_content_and_names_the_code_after_the_change() -> None:
+    trace = trace_gen.relearn_trace()
+    changed = trace_gen.changed_requests(trace)
+    code = {r.index for r in trace if trace_gen._is_code(r)}
+    before = {r.index for r in trace if r.at < trace_gen.SHIFT_AT}
+    assert code & before and code - before  # code before and after the change
+    assert changed == code - before
+    assert len(trace) - len(code) > len(code) / 2  # prose throughout too
+
+
+def test_perfect_choice_estimates_from_the_static_runs() -> None:
+    """Requests 0-2 are short answers max serves 2x faster, 3-5 long ones off serves 1.5x
+    faster; one class, one load: per class the best single setting, per request and per class
+    and output length the best of each."""
+    classes = dict.fromkeys(range(6), "<4k/prose")
+    short_fast = [(i, 1, 100, 1.0) for i in range(3)]
+    long_fast = [(i, 1, 1000, 10.0) for i in range(3, 6)]
+    runs = {
+        "off": _run("off", [(i, 1, 100, 2.0) for i in range(3)] + long_fast),
+        "max": _run("max", short_fast + [(i, 1, 1000, 15.0) for i in range(3, 6)]),
+    }
+    est = choice_estimates(runs, classes)
+    best = 3300 / (3 * 2.0 + 3 * 10.0)  # off: the best static
+    perfect = 3300 / (3 * 1.0 + 3 * 10.0)
+    assert est["per_request"] == pytest.approx(perfect / best, abs=1e-4)
+    assert est["per_class"] == pytest.approx(1.0)  # one class: the best static
+    assert est["per_class_and_output"] == pytest.approx(perfect / best, abs=1e-4)
+    assert (est["requests"], est["short_outputs"]) == (6, 3)
+
+
+def test_the_one_copy_relearn_report_says_after_how_many_code_requests() -> None:
+    trace = trace_gen.relearn_trace()
+    changed = sorted(trace_gen.changed_requests(trace))
+    rows = [(i, 1, 100, 1.0) for i in changed]
+    run = _run("adaptive", rows)
+    profiles = ["max"] * 3 + ["off"] * (len(changed) - 3)
+    run.outcomes = [
+        Outcome(o.index, None, o.path, float(n), o.latency, o.latency, 200, o.output_tokens, 10,
+                None, None, profile, "learned", "b", 1)
+        for n, (o, profile) in enumerate(zip(run.outcomes, profiles, strict=True))
+    ]  # fmt: skip
+    run.events = [{"event": "request", "request_id": f"{i:08x}"} for i in changed[:2]]
+    run.events.append({"event": "class_changed", "class": "<4k/code@1"})
+    report = relearn_report(trace, {"adaptive": run}, "one-copy")
+    assert report["collapsed_profile"] == "min/max"
+    adaptive = report["adaptive"]
+    assert adaptive["detected_after"] == 2
+    assert adaptive["relearned_after"] == 4  # the 4th code request was the first sent to off
+    assert adaptive["to_collapsed_after_share"] == 0.0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import random
 from pathlib import Path
 
 import pytest
@@ -101,7 +103,8 @@ def test_untrusted_below_min_samples() -> None:
 
 def test_decay_halves_old_evidence_after_one_half_life() -> None:
     half_life = 20.0
-    stats = LearnedStats(RoutingSettings(half_life_samples=half_life))
+    settings = RoutingSettings(half_life_samples=half_life, change_detection=False)
+    stats = LearnedStats(settings)
     for _ in range(2000):  # saturate the effective weight
         stats.observe(CLS, "max", obs(60.0))
     est = stats.estimate(CLS, "max")
@@ -293,3 +296,62 @@ def _obs_for_levels(speed: float) -> Observation:
         total_s=None,
         source="timings",
     )
+
+
+# --- change detection ----------------------------------------------------------------------------
+
+
+def test_a_class_whose_speed_moves_far_explores_again() -> None:
+    stats = LearnedStats(RoutingSettings())
+    for _ in range(30):
+        stats.observe(CLS, "max", obs(40.0))
+        stats.observe(CLS, "off", obs(30.0, profile="off", draft=None))
+    assert stats.estimate(CLS, "max") is not None and stats.estimate(CLS, "off") is not None
+    stats.observe(CLS, "max", obs(20.0))  # halved: one is not enough ...
+    assert stats.estimate(CLS, "max") is not None and not stats.changes
+    stats.observe(CLS, "max", obs(20.0))  # ... the second says it
+    assert stats.estimate(CLS, "max") is None and stats.estimate(CLS, "off") is None
+    assert stats.changes == [
+        {
+            "model": "",
+            "class": "<4k/code",
+            "profile": "max",
+            "learned_tok_s": 39.21,
+            "measured_tok_s": 20.0,
+        }
+    ]
+    for _ in range(5):  # it learns again, and the new speed outweighs the old one
+        stats.observe(CLS, "max", obs(20.0))
+    est = stats.estimate(CLS, "max")
+    assert est is not None and est.decode_tok_s < 25.0  # (one old weight, six new)
+
+
+@pytest.mark.parametrize(("drop", "at"), [(0.5, 2), (0.7, 6), (1.5, 5), (0.85, None)])
+def test_how_far_and_how_fast(drop: float, at: int | None) -> None:
+    """Halved: the 2nd request says it; -30 %: the 6th; +50 %: the 5th; -15 %, about a class's
+    own spread: never (the decay follows it instead)."""
+    stats = LearnedStats(RoutingSettings())
+    for _ in range(30):
+        stats.observe(CLS, "max", obs(40.0))
+    signalled = None
+    for n in range(1, 41):
+        stats.observe(CLS, "max", obs(40.0 * drop))
+        if stats.changes:
+            signalled = n
+            break
+    assert signalled == at
+
+
+def test_noise_of_a_class_own_spread_does_not_reset_it() -> None:
+    rng = random.Random(5)
+    stats = LearnedStats(RoutingSettings())
+    for _ in range(5000):  # per-request speeds spread ~12 % (lognormal) around 40 tok/s
+        stats.observe(CLS, "max", obs(40.0 * math.exp(rng.gauss(0.0, 0.12))))
+    assert not stats.changes
+
+
+def test_change_detection_can_be_turned_off() -> None:
+    stats = LearnedStats(RoutingSettings(change_detection=False))
+    for speed in [40.0] * 30 + [10.0] * 10:
+        stats.observe(CLS, "max", obs(speed))
+    assert not stats.changes and stats.estimate(CLS, "max") is not None

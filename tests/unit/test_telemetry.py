@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -335,6 +336,42 @@ def test_observation_with_metrics_delta() -> None:
     assert obs.draft_n is None
 
 
+def test_a_request_alone_takes_its_decode_speed_from_the_backends_clock() -> None:
+    """Anthropic Messages carry no timings: the proxy's clock saw 49 tokens in 1.5 s (32.7
+    tok/s, the relay's jitter included); the backend's own counters say 50 in 1.25 s."""
+    u = parse_body(
+        "messages", json.dumps({"usage": {"input_tokens": 10, "output_tokens": 50}}).encode()
+    )
+    u = replace(u, first_token_at=0.5, last_token_at=2.0)
+    before = SpecCounters(100, 60, 50, predicted_tokens=1000, predicted_seconds=40.0)
+    after = SpecCounters(400, 300, 150, predicted_tokens=1050, predicted_seconds=41.25)
+    clock = make_observation(
+        u, backend="b", profile="min", request_class=CLS, sent_at=0.0, done_at=2.0
+    )
+    assert clock.decode_tok_s == pytest.approx(49 / 1.5)
+    exact = make_observation(
+        u,
+        backend="b",
+        profile="min",
+        request_class=CLS,
+        sent_at=0.0,
+        done_at=2.0,
+        spec_delta=after - before,
+    )
+    assert exact.decode_tok_s == pytest.approx(40.0)
+    no_clock = SpecCounters(400, 300, 150) - SpecCounters(100, 60, 50)  # an older build
+    older = make_observation(
+        u,
+        backend="b",
+        profile="min",
+        request_class=CLS,
+        sent_at=0.0,
+        done_at=2.0,
+        spec_delta=no_clock,
+    )
+    assert older.decode_tok_s == pytest.approx(49 / 1.5)
+
+
 # --- /metrics ---------------------------------------------------------------------------------
 
 METRICS = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
@@ -361,6 +398,8 @@ llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 98
 
 def test_parse_spec_counters() -> None:
     assert parse_spec_counters(METRICS) == SpecCounters(300, 270, 102)
+    clock = "llamacpp:tokens_predicted_total 777\nllamacpp:tokens_predicted_seconds_total 12.5\n"
+    assert parse_spec_counters(METRICS + clock) == SpecCounters(300, 270, 102, 777, 12.5)
 
 
 @pytest.mark.parametrize(
