@@ -71,7 +71,10 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
         router=Router(settings.routing, backends, _load_stats(settings.routing)),
         admission=Admission(server.max_queue, server.queue_timeout_s),
         timeouts=Timeouts(
-            server.connect_timeout_s, server.first_byte_timeout_s, server.idle_timeout_s
+            server.connect_timeout_s,
+            server.first_byte_timeout_s,
+            server.idle_timeout_s,
+            server.send_timeout_s,
         ),
         plans=plans_of(settings),
     )

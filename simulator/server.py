@@ -23,6 +23,7 @@ from simulator.prompts import (
     Prompt,
     chat_prompt,
     completion_prompt,
+    infill_prompt,
     messages_prompt,
     responses_prompt,
 )
@@ -86,10 +87,12 @@ def _max_tokens(body: dict[str, Any], api: Api) -> int | None:
 # --- generation ---------------------------------------------------------------------------------
 
 
-async def _complete(api: Api, request: web.Request) -> web.StreamResponse:
+async def _complete(
+    api: Api, request: web.Request, parse: Callable[[dict[str, Any]], Prompt] | None = None
+) -> web.StreamResponse:
     engine = request.app[ENGINE]
     body = await json_body(request)
-    prompt = _PARSERS[api](body)
+    prompt = (parse or _PARSERS[api])(body)
     depth = requested_depth(body) if engine.config.request_draft else None
     job = engine.job(prompt, _max_tokens(body, api), bool(body.get("ignore_eos")), depth)
     model = body.get("model")
@@ -129,6 +132,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def native_completion(request: web.Request) -> web.StreamResponse:
     return await _complete(Api.NATIVE, request)
+
+
+async def infill(request: web.Request) -> web.StreamResponse:
+    """llama-server's /infill: a completion of prefix + prompt + suffix, /completion's answer."""
+    return await _complete(Api.NATIVE, request, infill_prompt)
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
@@ -232,6 +240,7 @@ def create_app(config: SimConfig, preset: Preset) -> web.Application:
     for path in ("/v1/completions", "/completions"):
         r.add_post(path, completions)
     r.add_post("/completion", native_completion)
+    r.add_post("/infill", infill)
     for path in ("/v1/responses", "/responses"):
         r.add_post(path, responses)
     r.add_post("/v1/messages", messages)

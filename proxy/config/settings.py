@@ -398,6 +398,19 @@ class ServerSettings(BaseModel):
         gt=0,
         description="Seconds without body bytes while a request body is read; then 408.",
     )
+    body_min_rate_bytes_s: float = Field(
+        default=1024.0,
+        ge=0,
+        description="Least average rate of a request body in bytes/s, on every route. It must "
+        "be complete within body_timeout_s plus one second per this many bytes; slower gets 408 "
+        "(a body trickled a byte at a time cannot hold its connection); 0: no such deadline.",
+    )
+    send_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds an answer may wait for its client to read (nginx's send_timeout). "
+        "Past it the answer is cut, logged 499 and its backend slot freed.",
+    )
     keepalive_timeout_s: float = Field(
         default=75.0,
         gt=0,

@@ -17,7 +17,10 @@ from proxy.routing.classes import RequestClass, neighbours
 from proxy.routing.features import ContentKind
 from proxy.routing.stats import Estimate
 
-Reason = Literal["pinned", "affinity", "learned", "explore", "rule", "spill", "fallback", "busy"]
+Reason = Literal[
+    "pinned", "affinity", "learned", "explore", "rule", "spill", "fallback", "busy", "client"
+]
+"""Why a request went where it did; "client": it set its own depth (``Router.client_depth``)."""
 
 FALLBACK_ORDER: dict[Role, tuple[Role, ...]] = {
     "max": ("max", "min", "off"),

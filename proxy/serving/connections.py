@@ -12,8 +12,10 @@ connections are idle (waiting for a request) and which are not. It then:
 - closes a connection whose request head is not complete `header_timeout_s` after its first
   byte (nginx's client_header_timeout; body reads have their own deadline, proxy.serving.body);
 - keeps at most `cap` connections: one more closes the connection that has waited longest
-  without a request in progress; when every connection is busy, the new one is refused with
-  a 503. The cap leaves file descriptors in reserve for backends, child pipes and files;
+  without a request in progress, else the one that has been reading its request body longest
+  (proxy.serving.body marks it: a client that holds a body half-sent holds nothing of the
+  proxy's); when every connection is busy answering, the new one is refused with a 503. The cap
+  leaves file descriptors in reserve for backends, child pipes and files;
 - lets a client that half-closes (SHUT_WR) after sending its request still read the answer,
   then closes the connection.
 """
@@ -47,7 +49,14 @@ ANSWER_COMPLETE = "mtp_proxy.answer_complete"
 ``response.completed``) reached the client: a FIN after it needs no answer any more."""
 _HALF_CLOSE_GRACE_S = 1.0  # a half-closed connection with no request handled by then is closed
 _MIN_CAP = 16
-CLOSE_CAUSES = ("header_timeout", "over_cap_idlest", "over_cap_refused", "half_closed")
+CLOSE_CAUSES = (
+    "header_timeout",
+    "over_cap_idlest",
+    "over_cap_reading",
+    "over_cap_refused",
+    "half_closed",
+    "send_timeout",
+)
 # How aiohttp's request handler queues a parse error (private: if a release renames it, a broken
 # chunk is answered by the body read deadline, 408, instead of at once, 400).
 _PARSE_ERROR: type | None = getattr(web_protocol, "_ErrInfo", None)
@@ -109,6 +118,8 @@ class ConnectionGuard:
         self._open: dict[asyncio.Transport, _Connection] = {}
         # Connections without a request in progress, longest waiting first.
         self._idle: OrderedDict[asyncio.Transport, _Connection] = OrderedDict()
+        # Busy connections whose handler is reading the request body, longest reading first.
+        self._reading: OrderedDict[asyncio.Transport, _Connection] = OrderedDict()
         # Busy connections whose client sent FIN: gone entirely, or only done sending?
         self._after_fin: dict[asyncio.Transport, _Connection] = {}
         self._closed = Counter(
@@ -142,13 +153,17 @@ class ConnectionGuard:
     def accept(self, transport: asyncio.Transport) -> bool:
         """A new connection; False when it is refused (every other one is busy)."""
         if len(self._open) >= self.cap:
-            if not self._idle:
+            if self._idle:
+                _, idlest = self._idle.popitem(last=False)
+                self._drop(idlest, "over_cap_idlest")
+            elif self._reading:
+                _, slowest = self._reading.popitem(last=False)
+                self._drop(slowest, "over_cap_reading")  # its handler is cancelled: 499
+            else:
                 self._closed.labels("over_cap_refused").inc()
                 transport.write(_REFUSED)
                 transport.close()
                 return False
-            _, idlest = self._idle.popitem(last=False)
-            self._drop(idlest, "over_cap_idlest")
         connection = _Connection(transport)
         self._open[transport] = connection
         self._idle[transport] = connection
@@ -184,7 +199,33 @@ class ConnectionGuard:
     def lost(self, transport: asyncio.Transport) -> None:
         self._open.pop(transport, None)
         self._idle.pop(transport, None)
+        self._reading.pop(transport, None)
         self._after_fin.pop(transport, None)
+
+    @contextlib.contextmanager
+    def reading(self, request: web.BaseRequest) -> Iterator[None]:
+        """The request's body is being read: until it is, its connection may be closed to make
+        room past the cap."""
+        transport = request.transport
+        connection = self._open.get(transport) if transport is not None else None
+        if connection is None or transport is None:
+            yield
+            return
+        self._reading[transport] = connection
+        try:
+            yield
+        finally:
+            self._reading.pop(transport, None)
+
+    def send_timed_out(self, request: web.BaseRequest) -> None:
+        """The client read nothing of its answer for the send deadline: cut the connection
+        (proxy.serving.forward), counted here with the other causes."""
+        transport = request.transport
+        connection = self._open.get(transport) if transport is not None else None
+        if connection is not None:
+            self._drop(connection, "send_timeout", abort=True)
+        elif transport is not None:
+            transport.abort()
 
     def framing_failed(self, transport: asyncio.Transport, inner: asyncio.BaseProtocol) -> None:
         """aiohttp's C parser reports a broken body framing (a malformed chunk) as a new error
@@ -264,10 +305,15 @@ class ConnectionGuard:
             elif connection.eof_at is not None and now - connection.eof_at > _HALF_CLOSE_GRACE_S:
                 self._drop(connection, "half_closed")
 
-    def _drop(self, connection: _Connection, reason: str) -> None:
+    def _drop(self, connection: _Connection, reason: str, *, abort: bool = False) -> None:
+        """Close a connection; `abort` drops what is still unsent (a client that reads nothing
+        would otherwise keep the socket until its buffer drained)."""
         self._closed.labels(reason).inc()
         self.lost(connection.transport)
-        connection.transport.close()
+        if abort:
+            connection.transport.abort()
+        else:
+            connection.transport.close()
 
 
 class _Guarded(asyncio.Protocol):
@@ -345,6 +391,17 @@ class GuardedSite(web.BaseSite):
 
 
 CONNECTIONS = web.AppKey("connections", ConnectionGuard)
+
+
+@contextlib.contextmanager
+def reading(request: web.Request) -> Iterator[None]:
+    """Mark the request's connection as reading its body (see ConnectionGuard.reading)."""
+    guard = request.app.get(CONNECTIONS)
+    if guard is None:
+        yield
+        return
+    with guard.reading(request):
+        yield
 
 
 @web.middleware

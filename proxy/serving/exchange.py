@@ -15,7 +15,7 @@ from structlog.typing import FilteringBoundLogger
 
 from proxy.apis import CLIENT_CLOSED, DEPTH_KEY, Api, dialect_of
 from proxy.ops.request_log import LOGGED, request_logger
-from proxy.routing.router import Route
+from proxy.routing.router import CLIENT_PROFILE, Route
 from proxy.routing.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
 from proxy.serving.admission import QueueRefused
 from proxy.serving.depth_field import with_depth
@@ -61,6 +61,8 @@ class Exchange:
         self.sequence = 0
         request[LOGGED] = True  # every way out of an exchange writes the request's line
         self.own_depth = DEPTH_KEY in body  # the client chose its depth: it is not replaced
+        depth = body.get(DEPTH_KEY)
+        self.client_depth = None if isinstance(depth, bool) or not isinstance(depth, int) else depth
         self.ran_mixed = False  # decoded beside another depth on its process (not learned from)
         self.single_depth_s = 0.0  # ... and how long it ran busy beside its own depth only
         self.single_depth_load = 0.0  # ... with how many decoding then, on average
@@ -94,6 +96,8 @@ class Exchange:
                 route = self.state.router.route(self.model, self.features, exclude=tried)
                 if route is None:
                     continue  # the slot went to another request between wake-up and routing
+                if self.own_depth:  # it runs at its own depth: leased and labelled so
+                    route = self.state.router.client_depth(self.model, route, self.client_depth)
                 self.route = route
                 self.state.metrics.decisions.labels(self.model, route.reason, route.profile).inc()
                 try:
@@ -214,7 +218,7 @@ class Exchange:
             "X-MTP-Route-Reason": route.reason,
             "X-MTP-Backend": route.backend.name,
         }
-        idle = self.state.timeouts.idle_s
+        timeouts = self.state.timeouts
         if is_event_stream(response):
             self.sink = self.state.router.stream_telemetry(self.api)
             self.relayed = Relayed(status=response.status, streamed=True)
@@ -227,12 +231,12 @@ class Exchange:
                 extra,
                 api=self.api,
                 sink=self.sink,
-                idle_s=idle,
+                timeouts=timeouts,
                 relayed=self.relayed,
                 rewriter=indexer,
                 first_chunk=first_chunk,
             )
-        return await relay_body(response, extra, idle)
+        return await relay_body(self.request, response, extra, timeouts)
 
     def _requested_model(self) -> str:
         named = self.features_model
@@ -290,6 +294,7 @@ class Exchange:
         done_at: float,
         spec_delta: SpecCounters | None = None,
     ) -> Observation:
+        unprofiled = route.profile == CLIENT_PROFILE
         observation = self.state.router.observe(
             route,
             self.features,
@@ -298,9 +303,10 @@ class Exchange:
             done_at=done_at,
             spec_delta=spec_delta,
             # A per-request depth is learned from runs at that depth alone: beside another
-            # depth the speed is the mix's (routing.depth).
-            learn=route.depth is None or not (self.own_depth or self.ran_mixed),
-            single_depth_s=0.0 if self.own_depth else self.single_depth_s,
+            # depth the speed is the mix's (routing.depth). A client's own depth is learned as
+            # the profile of that depth, if one has it (Router.client_depth).
+            learn=route.depth is None or not (unprofiled or self.ran_mixed),
+            single_depth_s=0.0 if unprofiled else self.single_depth_s,
             single_depth_load=self.single_depth_load,
         )
         self.state.metrics.record_observation(self.model, route.profile, observation)

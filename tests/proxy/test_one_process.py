@@ -169,9 +169,10 @@ async def test_the_deepest_profile_drafts_deeper_than_the_next(one_process: Prox
 
 
 async def test_a_client_that_sets_the_depth_keeps_it(one_process: ProxyProcess) -> None:
-    """It runs at its own depth, and is not learned as the profile it was routed to. (The
-    simulator, like llama-server's parser, takes the last of duplicate keys: the depth would be
-    the client's even if the proxy added its own first.)"""
+    """It runs at its own depth, and is labelled, leased and learned as the profile of that
+    depth, not as the profile it was routed to; a depth no profile has is labelled "client" and
+    not learned. (The simulator, like llama-server's parser, takes the last of duplicate keys:
+    the depth would be the client's even if the proxy added its own first.)"""
     port = backend_row(one_process)["port"]
     prose = " ".join([SHORT] * 400)  # ~6k tokens: a class no other request here falls in
     async with aiohttp.ClientSession() as session:
@@ -183,14 +184,21 @@ async def test_a_client_that_sets_the_depth_keeps_it(one_process: ProxyProcess) 
             one_process.url + PATHS["chat"], json=request, headers=headers
         ) as response:
             assert response.status == 200
+            labels = (response.headers["X-MTP-Profile"], response.headers["X-MTP-Route-Reason"])
         after = await draft_counters(session, port)
+        odd = {**body("chat", f"{prose} odd", 64), "speculative.n_max": 2**20}
+        async with session.post(one_process.url + PATHS["chat"], json=odd) as response:
+            assert response.status == 200
+            odd_label = response.headers["X-MTP-Profile"]
     tokens = delta(after, before, "spec_decode_num_draft_tokens_total")
     steps = delta(after, before, "spec_decode_num_drafts_total")
     assert 0 < tokens == steps  # depth 1: one draft token per step, not max's 3
+    assert labels == ("one", "client") and odd_label == "client"
     status, routing = one_process.get_json("/admin/routing", admin_key=ADMIN_KEY)
     assert status == 200
-    classes = {row["request_class"] for row in routing["learned"]}
-    assert classes and not any(c.startswith("4k-16k/") for c in classes), classes
+    rows = {(r["request_class"], r["profile"]) for r in routing["learned"]}
+    assert any(c.startswith("4k-16k/") and p == "one" for c, p in rows), rows  # what it ran at
+    assert not any(c.startswith("4k-16k/") and p != "one" for c, p in rows), rows
 
 
 async def test_unpinned_requests_get_the_depth_of_their_class(
@@ -277,8 +285,8 @@ async def test_the_busy_epochs_learn_from_time_at_one_depth_only(
     fresh_one_process: ProxyProcess,
 ) -> None:
     """Requests decoding beside another depth teach the busy epochs nothing; requests decoding
-    beside their own depth teach them, each by its time so (the pool's single-depth clock),
-    unless the client set the depth itself."""
+    beside their own depth teach them, each by its time so (the pool's single-depth clock); a
+    client's own depth teaches its own depth's measurements, never the profile it was routed to."""
     proxy = fresh_one_process
 
     async with aiohttp.ClientSession() as session:
@@ -301,7 +309,8 @@ async def test_the_busy_epochs_learn_from_time_at_one_depth_only(
                 assert response.status == 200
 
         await asyncio.gather(*(own_depth(n) for n in range(3)))
-    assert busy_samples(proxy) == samples  # their speed is depth 1's, not max's
+    after = busy_samples(proxy)
+    assert after["max"] == samples["max"] and after["one"] > 1.5, after  # depth 1's speed
 
 
 async def test_a_stream_still_processing_its_prompt_leaves_the_others_at_one_depth(
