@@ -101,10 +101,11 @@ def connection_cap(max_connections: int, fd_reserve: int) -> int:
 
 
 class _Connection:
-    __slots__ = ("busy", "eof_at", "first_byte_at", "request", "transport")
+    __slots__ = ("busy", "eof_at", "first_byte_at", "protocol", "request", "transport")
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: asyncio.Transport, protocol: asyncio.BaseProtocol) -> None:
         self.transport = transport
+        self.protocol = protocol  # aiohttp's request handler for the connection
         self.busy = 0  # requests being handled on this connection
         self.first_byte_at: float | None = None  # of the request head being read, if any
         self.eof_at: float | None = None  # when the client half-closed
@@ -136,6 +137,12 @@ class ConnectionGuard:
             registry=registry,
         )
         gauge.set_function(lambda: len(self._open))
+        reading = Gauge(
+            "mtp_proxy_client_connections_reading",
+            "Client connections whose request body is being read now.",
+            registry=registry,
+        )
+        reading.set_function(lambda: len(self._reading))
 
     @property
     def open_count(self) -> int:
@@ -150,7 +157,7 @@ class ConnectionGuard:
         return factory
 
     # --- events from the wrapped protocol -------------------------------------------------
-    def accept(self, transport: asyncio.Transport) -> bool:
+    def accept(self, transport: asyncio.Transport, protocol: asyncio.BaseProtocol) -> bool:
         """A new connection; False when it is refused (every other one is busy)."""
         if len(self._open) >= self.cap:
             if self._idle:
@@ -164,7 +171,7 @@ class ConnectionGuard:
                 transport.write(_REFUSED)
                 transport.close()
                 return False
-        connection = _Connection(transport)
+        connection = _Connection(transport, protocol)
         self._open[transport] = connection
         self._idle[transport] = connection
         return True
@@ -302,7 +309,11 @@ class ConnectionGuard:
             started = connection.first_byte_at
             if started is not None and now - started > self.header_timeout_s:
                 self._drop(connection, "header_timeout")
-            elif connection.eof_at is not None and now - connection.eof_at > _HALF_CLOSE_GRACE_S:
+            elif (
+                connection.eof_at is not None
+                and now - connection.eof_at > _HALF_CLOSE_GRACE_S
+                and not pipelined(connection)
+            ):
                 self._drop(connection, "half_closed")
 
     def _drop(self, connection: _Connection, reason: str, *, abort: bool = False) -> None:
@@ -330,7 +341,7 @@ class _Guarded(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
         self._transport = cast(asyncio.Transport, transport)
-        if self._guard.accept(self._transport):
+        if self._guard.accept(self._transport, self._inner):
             self._made = True
             self._inner.connection_made(transport)
 
@@ -413,6 +424,13 @@ async def track_requests(request: web.Request, handler: Handler) -> web.StreamRe
         return await handler(request)
     with guard.handling(request) as conn:
         response = await handler(request)
-        if conn is not None and conn.eof_at is not None:
-            response.force_close()
+        if conn is not None and conn.eof_at is not None and not pipelined(conn):
+            response.force_close()  # the last request before the client's FIN: answered, done
         return response
+
+
+def pipelined(connection: _Connection) -> bool:
+    """Whether requests the client sent before its FIN are still queued on the connection
+    (pipelining): each gets its answer before the connection closes. aiohttp keeps them in its
+    handler's message queue (private: without it, the connection closes after the current one)."""
+    return bool(getattr(connection.protocol, "_messages", None))

@@ -27,6 +27,7 @@ from proxy.serving.forward import (
     open_upstream,
     relay_body,
     relay_stream,
+    sent,
     upstream_headers,
     upstream_url,
 )
@@ -34,6 +35,7 @@ from proxy.serving.responses_events import ResponsesEventIndexer
 from proxy.state import ProxyState
 
 _RETRY_AFTER_S = 2.0
+_HOLDER_LANE = "\x01"  # admission lane of requests waiting for one backend (no profile has it)
 # Answers without per-request draft counts: acceptance comes from the backend's /metrics.
 _NO_TIMINGS = frozenset({"messages", "responses"})
 
@@ -100,6 +102,8 @@ class Exchange:
                     route = self.state.router.client_depth(self.model, route, self.client_depth)
                 self.route = route
                 self.state.metrics.decisions.labels(self.model, route.reason, route.profile).inc()
+                if not route.backend.has_room and (refusal := await self._wait_for(route)):
+                    return refusal
                 try:
                     return await self._attempt(route)
                 except UpstreamUnavailable as exc:
@@ -165,6 +169,22 @@ class Exchange:
             )
         return None
 
+    async def _wait_for(self, route: Route) -> web.Response | None:
+        """The policy kept a session on its cache holder although it is full (waiting there was
+        judged cheaper than processing the prompt again elsewhere): wait here for a slot of it,
+        in order, in a lane of its own, rather than send the request past its slots, where
+        llama-server would queue it out of sight. A 429 past the queue's limits."""
+        backend = route.backend
+        try:
+            await self.state.admission.admit(
+                self.model, lambda: backend.has_room, lane=f"{_HOLDER_LANE}{backend.name}"
+            )
+        except QueueRefused as refused:
+            self._refused(429, str(refused))
+            message = f"too many requests queued: {refused}"
+            return error_response(self.dialect, 429, message, retry_after=refused.retry_after_s)
+        return None
+
     def _unavailable(self, tried: set[str]) -> web.Response:
         status = 502 if tried else 503
         message = (
@@ -205,10 +225,11 @@ class Exchange:
         deferred (proxy.ops.bookkeeping), and aiohttp would otherwise write it only after the
         handler returned."""
         if out.prepared:
-            return  # a stream: already sent
+            return  # a stream, or a large answer relayed as it came: already sent
+        send_s = self.state.timeouts.send_s
         with contextlib.suppress(ConnectionError):  # the client left; the request still counts
-            await out.prepare(self.request)
-            await out.write_eof()
+            await sent(self.request, out.prepare(self.request), send_s)
+            await sent(self.request, out.write_eof(), send_s)
 
     async def _relay(
         self, response: aiohttp.ClientResponse, route: Route, first_chunk: Callable[[], None]

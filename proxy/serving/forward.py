@@ -3,9 +3,10 @@
 A failure before anything reached the client raises `UpstreamUnavailable`, which the caller may
 retry on another backend. Once the first byte of a stream has gone out, a failure ends the stream
 with an error event in the stream's own format: never a silently truncated stream. A complete
-(non-stream) answer is relayed as it comes too, not held whole: the proxy keeps only what its
-telemetry reads (`KeptBody`), and a failure after its first byte cuts the client's connection
-(a short body, never one that looks complete).
+(non-stream) answer is held whole up to 1 MiB (a failure before its end may still be retried),
+and relayed as it comes past that, never held whole: the proxy keeps only what its telemetry
+reads (`KeptBody`), and a failure then cuts the client's connection (a short body, never one
+that looks complete).
 
 Every write to the client has a deadline (`Timeouts.send_s`, nginx's send_timeout): a client
 that reads nothing for that long has its connection cut (`SendTimedOut`, logged 499), so that it
@@ -186,35 +187,33 @@ async def relay_body(
     headers: Mapping[str, str],
     timeouts: Timeouts,
 ) -> tuple[web.StreamResponse, Relayed]:
-    """Relay a complete (non-stream) answer as it comes; `Relayed.body` keeps what the
-    telemetry reads (`KeptBody`). An error answer (4xx/5xx) of at most `_WHOLE_ERROR_BYTES` is
-    returned unsent as a web.Response, for the middleware to put in the API's error shape."""
+    """Relay a complete (non-stream) answer. Up to `KeptBody.WHOLE` bytes it is read whole
+    first and returned unsent, as a web.Response (an error gets the API's shape from the
+    middleware; a backend that fails or stalls before its end may be retried elsewhere:
+    UpstreamUnavailable). A larger one is relayed as it comes from there on, never held whole:
+    `Relayed.body` keeps only what the telemetry reads (`KeptBody`), and a failure past that
+    point cuts the client's connection (a short body, never one that looks complete)."""
     _set_read_timeout(response, timeouts.idle_s)
     read = response.content.readany
+    kept = KeptBody()
     try:  # nothing reached the client yet: a failure here may be retried elsewhere
-        first = await read()
-        while response.status >= 400 and first and len(first) < _WHOLE_ERROR_BYTES:
-            more = await read()
-            if not more:
-                break
-            first += more
+        while (chunk := await read()) and kept.feed(chunk):
+            pass
     except _UPSTREAM_ERRORS as exc:
         raise UpstreamUnavailable(f"body lost: {type(exc).__name__}: {exc}") from exc
     out_headers = client_headers(response.headers, headers)
-    if response.status >= 400 and response.content.at_eof():
-        error = web.Response(status=response.status, body=first, headers=out_headers)
-        return error, Relayed(status=response.status, streamed=False, body=first)
+    if not chunk:  # the whole answer is here
+        body = kept.result()
+        whole = web.Response(status=response.status, body=body, headers=out_headers)
+        return whole, Relayed(status=response.status, streamed=False, body=body)
     out = web.StreamResponse(status=response.status, headers=out_headers)
     if response.content_length is not None:
         out.content_length = response.content_length  # the client sees a plain body, as sent
     relayed = Relayed(status=response.status, streamed=False)
-    kept = KeptBody()
     send_s = timeouts.send_s
     await sent(request, out.prepare(request), send_s)
-    chunk = first
-    while chunk:
-        kept.feed(chunk)
-        await sent(request, out.write(chunk), send_s)
+    await sent(request, out.write(kept.held()), send_s)
+    while True:
         try:
             chunk = await read()
         except _UPSTREAM_ERRORS as exc:
@@ -223,20 +222,22 @@ async def relay_body(
             if request.transport is not None:
                 request.transport.abort()  # a short body, never one that looks complete
             return out, relayed
+        if not chunk:
+            break
+        kept.feed(chunk)
+        await sent(request, out.write(chunk), send_s)
     await sent(request, out.write_eof(), send_s)
     relayed.body = kept.result()
     return out, relayed
 
 
-_WHOLE_ERROR_BYTES = 1 << 20  # an error answer up to this is reshaped; a larger one relayed as is
-
-
 class KeptBody:
-    """What the proxy keeps of a complete answer for its telemetry (`telemetry.parse_body`):
-    the whole body up to `WHOLE` bytes (every answer but the huge ones); past that, the last
-    `TAIL` bytes, where llama-server writes its top-level `timings` and `usage` (its JSON keys
-    come sorted: they follow `choices`, `content`, `output`), and from them a small document of
-    those two alone. Memory per answer: at most WHOLE + TAIL, whatever its size."""
+    """What the proxy keeps of a complete answer: the whole body up to `WHOLE` bytes (every
+    answer but the huge ones), relayed once complete; past that, only the last `TAIL` bytes,
+    where llama-server writes its top-level `timings` and `usage` (its JSON keys come sorted:
+    they follow `choices`, `content`, `output`), and from them a small document of those two
+    alone for the telemetry (`telemetry.parse_body`). Memory per answer: at most WHOLE + TAIL,
+    whatever its size."""
 
     WHOLE = 1 << 20
     TAIL = 64 * 1024
@@ -249,14 +250,22 @@ class KeptBody:
         self._size = 0
         self._tail = b""
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes) -> bool:
+        """Keep what is needed of `chunk`; False once the body is past WHOLE: from then on
+        only its tail is kept, and `held` gives what was held until then (once)."""
         self._size += len(chunk)
         if self._parts is not None:
             self._parts.append(chunk)
-            if self._size <= self.WHOLE:
-                return
-            chunk, self._parts = b"".join(self._parts), None
+            return self._size <= self.WHOLE
         self._tail = (self._tail + chunk)[-self.TAIL :]
+        return False
+
+    def held(self) -> bytes:
+        """The body held whole so far, given up: only its tail is kept from now on."""
+        data = b"".join(self._parts or ())
+        self._parts = None
+        self._tail = data[-self.TAIL :]
+        return data
 
     def result(self) -> bytes:
         if self._parts is not None:

@@ -85,6 +85,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         raise  # the client went away: nobody is left to answer
     except Exception:
         log.exception("unhandled_error", path=request.path, method=request.method)
+        if request.writer is not None and request.writer.output_size:
+            # Part of the answer is out: an error answer now would write a second HTTP head
+            # into its body. Cut the connection instead: the client sees a broken answer.
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError("answer cut: internal error after it began") from None
         return error_response(dialect, 500, "internal error in mtp-proxy")
     reshape = request.path in _RESHAPED_PATHS
     if response.status >= 400 and isinstance(response, web.Response) and reshape:

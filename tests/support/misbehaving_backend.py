@@ -14,9 +14,15 @@ Modes:
   flood                 stream `--flood-mb` MB of 64 KiB events as fast as the reader takes them
   echo-headers          answer a complete chat completion whose content is the headers received
   hang-after-final      send N chunks and the API's final event, then never end the stream
+  big-body              answer a complete chat completion of about N MiB (N from MODE:N, else
+                        `--flood-mb`), usage at its end as llama-server writes it, as fast as read
+  stall-mid-body        answer a complete chat completion: its first half, then nothing, ever
 
-Whatever the mode, `POST /tokenize` and `GET /props` answer the method and path (with its query)
-they were called with.
+Whatever the mode, every other path (`POST /tokenize`, `GET /props`, `/v1/embeddings`, anything)
+answers the method and path (with its query) it was called with, after `X-Echo-Delay` seconds
+if the request sets that header. Every request but /health and /metrics is recorded: `GET
+/recorded` answers the list (method, path with query) and the most requests seen at once per
+path, so tests can tell what reached the backend and how many at a time.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -46,6 +52,8 @@ MODES = frozenset(
         "flood",
         "echo-headers",
         "hang-after-final",
+        "big-body",
+        "stall-mid-body",
     }
 )
 _FOREVER_S = 3600.0
@@ -60,6 +68,41 @@ class Behaviour:
 
 
 BEHAVIOUR = web.AppKey("behaviour", Behaviour)
+
+
+@dataclass
+class Recording:
+    """What reached this backend: (method, path with query) of each request, in order, and the
+    most requests in progress at once per path."""
+
+    requests: list[tuple[str, str]]
+    now: dict[str, int]
+    most: dict[str, int]
+
+
+RECORDING = web.AppKey("recording", Recording)
+_UNRECORDED = frozenset({"/health", "/metrics", "/recorded"})
+
+
+@web.middleware
+async def _record(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    if request.path in _UNRECORDED:
+        return await handler(request)
+    seen = request.app[RECORDING]
+    seen.requests.append((request.method, request.raw_path))
+    seen.now[request.path] = now = seen.now.get(request.path, 0) + 1
+    seen.most[request.path] = max(seen.most.get(request.path, 0), now)
+    try:
+        return await handler(request)
+    finally:
+        seen.now[request.path] -= 1
+
+
+async def recorded(request: web.Request) -> web.Response:
+    seen = request.app[RECORDING]
+    return web.json_response({"requests": seen.requests, "most_at_once": seen.most})
 
 
 def _behaviour(request: web.Request) -> Behaviour:
@@ -164,6 +207,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return web.Response(status=500)  # never sent: the connection is gone
     if behaviour.mode == "echo-headers":
         return _echo(request)
+    if behaviour.mode in ("big-body", "stall-mid-body"):
+        return await _big_body(request, behaviour)
     if not isinstance(body, dict) or not body.get("stream"):
         return web.json_response(_complete_body("done"))
     return await _stream(request, behaviour, api=_APIS[request.path])
@@ -207,6 +252,32 @@ async def _flood(
         await out.write(chunk)  # write() waits while the reader is behind: we follow its pace
 
 
+async def _big_body(request: web.Request, behaviour: Behaviour) -> web.StreamResponse:
+    """A complete answer of `chunks` MiB (big-body), or half of a small one then silence
+    (stall-mid-body); Content-Length set, as llama-server sends it."""
+    usage = b',"usage":{"completion_tokens":7,"prompt_tokens":5,"total_tokens":12}}'
+    head = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"'
+    size = (behaviour.chunks if behaviour.chunks > 0 else behaviour.flood_mb) << 20
+    if behaviour.mode == "stall-mid-body":
+        size = 1024
+    piece = b"x" * 65536
+    out = web.StreamResponse(headers={"Content-Type": "application/json"})
+    out.content_length = len(head) + size + len(b'"}}]') + len(usage)
+    await out.prepare(request)
+    try:
+        await out.write(head)
+        if behaviour.mode == "stall-mid-body":
+            await out.write(b"x" * (size // 2))
+            await asyncio.sleep(_FOREVER_S)
+        for _ in range(size // len(piece)):
+            await out.write(piece)  # write() waits while the reader is behind
+        await out.write(b"x" * (size % len(piece)) + b'"}}]' + usage)
+        await out.write_eof()
+    except ConnectionError:
+        pass  # the proxy went away
+    return out
+
+
 def _drop(request: web.Request) -> None:
     transport = request.transport
     if transport is not None:
@@ -238,6 +309,10 @@ def _complete_body(content: str) -> dict[str, object]:
 
 
 async def echo_request(request: web.Request) -> web.Response:
+    delay = request.headers.get("X-Echo-Delay")
+    if delay:
+        await asyncio.sleep(float(delay))
+    await request.read()
     return web.json_response({"method": request.method, "path_qs": request.raw_path})
 
 
@@ -250,14 +325,15 @@ async def metrics(_request: web.Request) -> web.Response:
 
 
 def make_app(behaviour: Behaviour) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[_record], client_max_size=256 << 20)
     app[BEHAVIOUR] = behaviour
+    app[RECORDING] = Recording([], {}, {})
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
-    app.router.add_post("/tokenize", echo_request)
-    app.router.add_get("/props", echo_request)
+    app.router.add_get("/recorded", recorded)
     for path in _APIS:
         app.router.add_post(path, generate)
+    app.router.add_route("*", "/{anything:.*}", echo_request)
     return app
 
 
