@@ -18,7 +18,7 @@ log = structlog.get_logger("proxy")
 
 # Paths any client may reach without a key: health checks and scrapes (the listener is loopback by
 # default; put /metrics behind the network, not behind a client key).
-_OPEN_PATHS = frozenset({"/health", "/v1/health", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/v1/health", "/metrics"})
 _LINGER_BYTES = 64 * 1024  # refused bodies up to this size are read (and dropped) as usual
 # Forwarded answers whose errors get the called API's envelope, like the generation routes'.
 _RESHAPED_PATHS = frozenset(API_OF_PATH) | frozenset(FORWARDED_POST)
@@ -45,7 +45,7 @@ def key_matches(presented: str, keys: list[str]) -> bool:
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     received = time.perf_counter()
     keys = request.app[STATE].settings.server.api_keys
-    if not keys or request.path in _OPEN_PATHS or request.path.startswith("/admin/"):
+    if not keys or request.path in OPEN_PATHS or request.path.startswith("/admin/"):
         return await handler(request)
     presented = presented_key(request)
     if presented is None or not key_matches(presented, [k.get_secret_value() for k in keys]):

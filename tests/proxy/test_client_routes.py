@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anthropic
 import openai
 import pytest
 
+from proxy.serving.passthrough import COMPUTED, FORWARDED_GET, FORWARDED_POST, REFUSED
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,
@@ -33,6 +36,9 @@ from tests.support.misbehaving_backend import running_backend
 KEY = "sk-unused"
 UA = "route-probe/1.0"
 PATTERNS = {"claude-*": "mtp-demo", "gpt-*": "mtp-demo"}
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+ECHO_SLOTS = 4  # llama-server's default -np, taken for a backend at a url
+SLOW = {"X-Echo-Delay": "0.2"}  # the echo backend answers after that long
 
 
 @pytest.fixture(scope="module")
@@ -140,25 +146,71 @@ def test_method_path_and_query_reach_the_backend_unchanged(proxy: ProxyProcess) 
     assert (status, json.loads(raw)) == (200, {"method": "GET", "path_qs": "/props?model=echo&a=b"})
 
 
-@pytest.mark.parametrize(
-    ("method", "path"),
-    [
-        ("POST", "/props"),
-        ("GET", "/slots"),
-        ("POST", "/slots/0?action=save"),
-        ("POST", "/slots/0?action=erase"),
-        ("POST", "/lora-adapters"),
-        ("POST", "/models/load"),
-        ("POST", "/models/unload"),
-    ],
-)
-def test_routes_that_change_a_backend_are_refused(
-    proxy: ProxyProcess, method: str, path: str
+def concrete(path: str) -> str:
+    """A route's path with each {parameter} filled in."""
+    return re.sub(r"\{[^}]*\}", "0", path)
+
+
+REFUSED_CALLS = [
+    (method, concrete(path) + query)
+    for pattern, path in REFUSED
+    for method in (METHODS if pattern == "*" else (pattern,))
+    for query in (
+        ("", "?action=save", "?action=restore", "?action=erase") if "{" in path else ("",)
+    )
+]
+
+
+def test_every_route_that_changes_a_backend_is_refused_and_never_reaches_one(
+    proxy: ProxyProcess, echo_url: str
 ) -> None:
-    status, _, raw = call(proxy, method, path, {"model": "mtp-demo"})
-    assert status == 403, raw
-    error = json.loads(raw)["error"]
-    assert error["type"] == "permission_error" and "changes a backend's state" in error["message"]
+    """Each refused route of the API reference, every method where any is refused, answered
+    403 and never seen by the backend the body names (it records every request it gets)."""
+    before = len(recorded(echo_url)["requests"])
+    for method, path in REFUSED_CALLS:
+        status, _, raw = call(proxy, method, path, {"model": "echo"})
+        assert status == 403, (method, path, raw)
+        if method != "HEAD":
+            error = json.loads(raw)["error"]
+            assert error["type"] == "permission_error" and "backend's state" in error["message"]
+    reached = recorded(echo_url)["requests"][before:]
+    assert reached == [], reached
+
+
+def test_every_forwarded_route_reaches_a_backend_unchanged(
+    proxy: ProxyProcess, echo_url: str
+) -> None:
+    for path in FORWARDED_POST:
+        status, headers, raw = call(proxy, "POST", f"{path}?q=1", {"model": "echo"})
+        assert (status, json.loads(raw)) == (200, {"method": "POST", "path_qs": f"{path}?q=1"})
+        assert headers["X-MTP-Backend"] == "echo/e"
+    for path in FORWARDED_GET:
+        status, _, raw = call(proxy, "GET", f"{path}?model=echo")
+        assert (status, json.loads(raw)) == (
+            200,
+            {"method": "GET", "path_qs": f"{path}?model=echo"},
+        )
+
+
+def test_routes_that_compute_on_a_slot_wait_for_one(proxy: ProxyProcess, echo_url: str) -> None:
+    """Embeddings and reranking run on llama-server's slots: never more at once than the
+    backend has (4 here), the rest wait in the model's queue and are answered in turn."""
+    for path in sorted(COMPUTED):
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(
+                pool.map(
+                    lambda _, p=path: call(proxy, "POST", p, {"model": "echo"}, SLOW)[0],
+                    range(12),
+                )
+            )
+        assert answers == [200] * 12, (path, answers)
+        assert recorded(echo_url)["most_at_once"][path] == ECHO_SLOTS, path
+
+
+def recorded(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url + "/recorded", timeout=10) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
 
 
 def test_forwarded_and_refused_routes_are_counted_like_generations(proxy: ProxyProcess) -> None:

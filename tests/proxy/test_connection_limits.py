@@ -161,7 +161,7 @@ def test_an_idle_connection_is_closed_after_the_keepalive_timeout(limited: Proxy
     with connect(limited.port, timeout=KEEPALIVE_S + SLACK_S) as sock:
         data, took, was_closed = read_until_closed(sock)
     assert was_closed and data == b""
-    assert KEEPALIVE_S - 0.5 < took
+    assert took > KEEPALIVE_S - 0.5
 
 
 def test_a_half_sent_request_head_is_closed_after_the_header_timeout(
@@ -186,7 +186,7 @@ def test_a_stalled_body_gets_408_and_the_connection_closes(
         data, took, was_closed = read_until_closed(sock)
     assert was_closed and final_status(data) == 408, data
     assert "no request body bytes" in str(json_body(data))
-    assert BODY_TIMEOUT_S - 0.2 < took
+    assert took > BODY_TIMEOUT_S - 0.2
 
 
 @pytest.mark.parametrize("path", [CHAT, "/tokenize"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +201,33 @@ async def test_a_client_that_sets_the_depth_keeps_it(one_process: ProxyProcess) 
     assert not any(c.startswith("4k-16k/") and p != "one" for c, p in rows), rows
 
 
+async def test_infill_is_routed_with_a_depth(one_process: ProxyProcess) -> None:
+    """/infill generates: it gets the depth of its route like a completion (forwarded as it
+    was, it ran at the process's start-up depth, 3, whatever the profile said)."""
+    port = backend_row(one_process)["port"]
+    infill = {
+        "model": MODEL,
+        "input_prefix": "def add(a, b):\n    ",
+        "input_suffix": "\n\nprint(add(1, 2))\n",
+        "n_predict": 48,
+    }
+    drafted = {}
+    async with aiohttp.ClientSession() as session:
+        for pin in ("off", "one"):
+            before = await draft_counters(session, port)
+            async with session.post(
+                one_process.url + "/infill", json=infill, headers={"X-MTP-Profile": pin}
+            ) as response:
+                assert response.status == 200, await response.text()
+                assert response.headers["X-MTP-Profile"] == pin
+                assert (await response.json())["content"]
+            after = await draft_counters(session, port)
+            tokens = delta(after, before, "spec_decode_num_draft_tokens_total")
+            drafted[pin] = (tokens, delta(after, before, "spec_decode_num_drafts_total"))
+    assert drafted["off"] == (0, 0)
+    assert 0 < drafted["one"][0] == drafted["one"][1]  # depth 1: one draft token per step
+
+
 async def test_unpinned_requests_get_the_depth_of_their_class(
     fresh_one_process: ProxyProcess,
 ) -> None:
@@ -227,20 +254,66 @@ async def test_a_killed_process_makes_requests_wait_not_fail(tmp_path: Path) -> 
         async with aiohttp.ClientSession() as session:
 
             async def one(n: int) -> int:
-                await asyncio.sleep(0.05 * n)
                 async with session.post(
                     proxy.url + "/v1/chat/completions", json=body("chat", f"{SHORT} {n}", 32)
                 ) as response:
                     await response.read()
                     return response.status
 
-            requests = [asyncio.create_task(one(n)) for n in range(12)]
-            await asyncio.sleep(0.2)  # some in flight, more arriving
+            requests = [asyncio.create_task(one(n)) for n in range(6)]
+            await until(lambda: backend_row(proxy)["in_flight"] > 0)  # some in flight
             os.kill(pid, signal.SIGKILL)
+            requests += [asyncio.create_task(one(n)) for n in range(6, 12)]  # more arriving
             statuses = await asyncio.wait_for(asyncio.gather(*requests), 60)
         assert statuses == [200] * 12
         row = backend_row(proxy)
         assert row["pid"] != pid and row["restarts"] >= 1
+
+
+async def test_a_restart_makes_requests_wait_not_fail(tmp_path: Path) -> None:
+    """A restart (POST /admin/backends/NAME/restart, and the replacement of a hung process)
+    goes through STOPPING: requests that arrive then wait in the model's queue for the new
+    process, like after a crash, instead of getting 503 at once."""
+    model = simulator_model(draft_control="per-request", slots=4, time_scale=5.0)
+    supervisor = {"health_interval_s": 0.2}
+    config = proxy_config([model], routing=NO_EXPLORE, supervisor=supervisor)
+    with running_proxy(config, tmp_path) as proxy:
+        wait_all_ready(proxy, {MODEL: 1})
+        pid = backend_row(proxy)["pid"]
+        statuses: list[int] = []
+        restarted = asyncio.Event()
+        async with aiohttp.ClientSession() as session:
+
+            async def loop(n: int) -> None:  # a client sending one request after another
+                while not restarted.is_set():
+                    request = body("chat", f"{SHORT} {n} {len(statuses)}", 8 + 8 * n)
+                    async with session.post(
+                        proxy.url + "/v1/chat/completions", json=request
+                    ) as response:
+                        await response.read()
+                        statuses.append(response.status)
+
+            clients = [asyncio.create_task(loop(n)) for n in range(4)]
+            await until(lambda: len(statuses) >= 4)
+            async with session.post(
+                f"{proxy.url}/admin/backends/{BACKEND}/restart",
+                headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            ) as response:
+                assert response.status == 200
+            await until(lambda: backend_row(proxy)["pid"] not in (None, pid))
+            await until(lambda: backend_row(proxy)["state"] == "ready")
+            served = len(statuses)
+            await until(lambda: len(statuses) >= served + 4)  # served by the new process
+            restarted.set()
+            await asyncio.wait_for(asyncio.gather(*clients), 60)
+    assert set(statuses) == {200}, sorted(statuses)
+
+
+async def until(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait for a condition, checking it every 20 ms (an event seen from outside)."""
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.02)
 
 
 async def test_requests_that_decoded_beside_another_depth_are_not_learned_from(
