@@ -31,7 +31,7 @@ from tests.support.harness import (
     running_proxy,
     simulator_model,
 )
-from tests.support.misbehaving_backend import running_backend
+from tests.support.misbehaving_backend import DEEP_EVENT, running_backend
 
 KEY = "sk-unused"
 UA = "route-probe/1.0"
@@ -412,6 +412,28 @@ def test_responses_events_carry_indices_and_a_sequence(proxy: ProxyProcess) -> N
     assert deltas and all((e["output_index"], e["content_index"]) == (0, 0) for e in deltas)
     created = events[0]["response"]
     assert created["model"] == "mtp-demo" and created["output"] == [] and created["created_at"]
+
+
+def test_a_responses_event_that_cannot_be_completed_passes_and_the_stream_goes_on(
+    proxy: ProxyProcess,
+) -> None:
+    """An event nested deeper than the indexer writes raised mid-stream: the error answer that
+    followed was a second HTTP head inside the stream's body. Now it passes unchanged, the
+    events after it are indexed, the stream ends normally, under its one head."""
+    body = json.dumps({"model": "echo", "stream": True, "input": "x"}).encode()
+    head = (
+        f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"X-Misbehave: deep-event:2\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
+        sock.sendall(head + body)
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    assert raw.count(b"HTTP/1.1 ") == 1, raw[-500:]
+    assert DEEP_EVENT in raw
+    tail = raw.split(DEEP_EVENT)[1]
+    assert b"event: response.completed" in tail and b'"sequence_number":' in tail
 
 
 def test_a_backend_error_on_count_tokens_comes_back_in_anthropic_shape(proxy: ProxyProcess) -> None:

@@ -17,6 +17,8 @@ Modes:
   big-body              answer a complete chat completion of about N MiB (N from MODE:N, else
                         `--flood-mb`), usage at its end as llama-server writes it, as fast as read
   stall-mid-body        answer a complete chat completion: its first half, then nothing, ever
+  deep-event            stream N chunks, then an event whose data nests 300 levels deep (valid
+                        JSON, deeper than orjson writes), then the API's final event
 
 Whatever the mode, every other path (`POST /tokenize`, `GET /props`, `/v1/embeddings`, anything)
 answers the method and path (with its query) it was called with, after `X-Echo-Delay` seconds
@@ -54,6 +56,7 @@ MODES = frozenset(
         "hang-after-final",
         "big-body",
         "stall-mid-body",
+        "deep-event",
     }
 )
 _FOREVER_S = 3600.0
@@ -242,6 +245,15 @@ async def _chunks(out: web.StreamResponse, behaviour: Behaviour, api: str) -> No
     for i in range(behaviour.chunks):
         await out.write(chunk(f"token{i} "))
         await asyncio.sleep(behaviour.interval_s)
+    if behaviour.mode == "deep-event":
+        await out.write(DEEP_EVENT)
+
+
+DEEP = "[" * 300 + "]" * 300
+DEEP_EVENT = (
+    "event: response.output_text.delta\n"
+    f'data: {{"type":"response.output_text.delta","delta":"","nested":{DEEP}}}\n\n'
+).encode()
 
 
 async def _flood(
