@@ -21,8 +21,8 @@ Modes:
                         JSON, deeper than orjson writes), then the API's final event
 
 Whatever the mode, every other path (`POST /tokenize`, `GET /props`, `/v1/embeddings`, anything)
-answers the method and path (with its query) it was called with, after `X-Echo-Delay` seconds
-if the request sets that header. Every request but /health and /metrics is recorded: `GET
+answers the method and path (with its query) it was called with (in mode echo-headers, its
+headers and body too), after `X-Echo-Delay` seconds if the request sets that header. Every request but /health and /metrics is recorded: `GET
 /recorded` answers the list (method, path with query) and the most requests seen at once per
 path, so tests can tell what reached the backend and how many at a time.
 """
@@ -324,8 +324,11 @@ async def echo_request(request: web.Request) -> web.Response:
     delay = request.headers.get("X-Echo-Delay")
     if delay:
         await asyncio.sleep(float(delay))
-    await request.read()
-    return web.json_response({"method": request.method, "path_qs": request.raw_path})
+    body = await request.read()
+    answer: dict[str, object] = {"method": request.method, "path_qs": request.raw_path}
+    if request.app[BEHAVIOUR].mode == "echo-headers":  # and what the request carried
+        answer.update(headers=dict(request.headers), body=body.decode("utf-8", "replace"))
+    return web.json_response(answer)
 
 
 async def health(_request: web.Request) -> web.Response:
