@@ -22,9 +22,10 @@ Modes:
 
 Whatever the mode, every other path (`POST /tokenize`, `GET /props`, `/v1/embeddings`, anything)
 answers the method and path (with its query) it was called with (in mode echo-headers, its
-headers and body too), after `X-Echo-Delay` seconds if the request sets that header. Every request but /health and /metrics is recorded: `GET
-/recorded` answers the list (method, path with query) and the most requests seen at once per
-path, so tests can tell what reached the backend and how many at a time.
+headers and body too), after `X-Echo-Delay` seconds if the request sets that header. Every
+request but /health and /metrics is recorded: `GET /recorded` answers the list (method, path
+with query) and the most requests seen at once per path, so tests can tell what reached the
+backend and how many at a time.
 """
 
 from __future__ import annotations
