@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.processes import start_proxy
+from bench.processes import die_with_parent, ended_by_signals, start_proxy
 
 KEY = "sk-bench-abuse-0123456789"
 _CHAT = {
@@ -162,6 +162,7 @@ def _abuse_process(
 ) -> None:
     """In a process of its own (the measuring client must not share a GIL with the abusers):
     `threads` threads repeat one action until `stop` is set, then the answers are reported."""
+    die_with_parent()  # a benchmark's processes end with it, whatever ends it
     action = _ACTIONS[kind](*params)
     answers: Counter[int] = Counter()
     lock = threading.Lock()
