@@ -11,11 +11,13 @@ connections are idle (waiting for a request) and which are not. It then:
 
 - closes a connection whose request head is not complete `header_timeout_s` after its first
   byte (nginx's client_header_timeout; body reads have their own deadline, proxy.serving.body);
-- keeps at most `cap` connections: one more closes the connection that has waited longest
-  without a request in progress, else the one that has been reading its request body longest
-  (proxy.serving.body marks it: a client that holds a body half-sent holds nothing of the
-  proxy's); when every connection is busy answering, the new one is refused with a 503. The cap
-  leaves file descriptors in reserve for backends, child pipes and files;
+- keeps at most `cap` connections: one more closes the connection that has waited longest,
+  either without a request in progress (idle) or reading its request body (proxy.serving.body
+  marks it: a client that holds a body half-sent holds nothing of the proxy's). Longest by the
+  time it entered that state: a new client is the youngest of all, so abusers that reconnect at
+  once push out each other, not it. When every connection is busy answering, the new one is
+  refused with a 503. The cap leaves file descriptors in reserve for backends, child pipes and
+  files;
 - lets a client that half-closes (SHUT_WR) after sending its request still read the answer,
   then closes the connection.
 """
@@ -26,6 +28,7 @@ import asyncio
 import contextlib
 import resource
 import socket
+import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import cast
@@ -61,6 +64,7 @@ CLOSE_CAUSES = (
 # chunk is answered by the body read deadline, 408, instead of at once, 400).
 _PARSE_ERROR: type | None = getattr(web_protocol, "_ErrInfo", None)
 _RESET_CHECK_S = 0.05  # a reset from loopback or a LAN is back by then; the sweep checks on
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends a reset
 
 
 class ListenError(Exception):
@@ -101,11 +105,14 @@ def connection_cap(max_connections: int, fd_reserve: int) -> int:
 
 
 class _Connection:
-    __slots__ = ("busy", "eof_at", "first_byte_at", "protocol", "request", "transport")
+    __slots__ = ("busy", "eof_at", "first_byte_at", "protocol", "request", "since", "transport")
 
-    def __init__(self, transport: asyncio.Transport, protocol: asyncio.BaseProtocol) -> None:
+    def __init__(
+        self, transport: asyncio.Transport, protocol: asyncio.BaseProtocol, now: float
+    ) -> None:
         self.transport = transport
         self.protocol = protocol  # aiohttp's request handler for the connection
+        self.since = now  # when it became idle, or began reading its body: its eviction age
         self.busy = 0  # requests being handled on this connection
         self.first_byte_at: float | None = None  # of the request head being read, if any
         self.eof_at: float | None = None  # when the client half-closed
@@ -159,21 +166,27 @@ class ConnectionGuard:
     # --- events from the wrapped protocol -------------------------------------------------
     def accept(self, transport: asyncio.Transport, protocol: asyncio.BaseProtocol) -> bool:
         """A new connection; False when it is refused (every other one is busy)."""
-        if len(self._open) >= self.cap:
-            if self._idle:
-                _, idlest = self._idle.popitem(last=False)
-                self._drop(idlest, "over_cap_idlest")
-            elif self._reading:
-                _, slowest = self._reading.popitem(last=False)
-                self._drop(slowest, "over_cap_reading")  # its handler is cancelled: 499
-            else:
-                self._closed.labels("over_cap_refused").inc()
-                transport.write(_REFUSED)
-                transport.close()
-                return False
-        connection = _Connection(transport, protocol)
+        now = asyncio.get_running_loop().time()
+        if len(self._open) >= self.cap and not self._make_room():
+            self._closed.labels("over_cap_refused").inc()
+            transport.write(_REFUSED)
+            transport.close()
+            return False
+        connection = _Connection(transport, protocol, now)
         self._open[transport] = connection
         self._idle[transport] = connection
+        return True
+
+    def _make_room(self) -> bool:
+        """Close the connection waiting longest, idle or reading its body; False if none is."""
+        idlest = next(iter(self._idle.values()), None)
+        slowest = next(iter(self._reading.values()), None)
+        if idlest is not None and (slowest is None or idlest.since <= slowest.since):
+            self._drop(idlest, "over_cap_idlest")
+        elif slowest is not None:
+            self._drop(slowest, "over_cap_reading")  # its handler is cancelled: 499
+        else:
+            return False
         return True
 
     def received(self, transport: asyncio.Transport) -> bool:
@@ -218,6 +231,7 @@ class ConnectionGuard:
         if connection is None or transport is None:
             yield
             return
+        connection.since = asyncio.get_running_loop().time()
         self._reading[transport] = connection
         try:
             yield
@@ -292,6 +306,7 @@ class ConnectionGuard:
             connection.busy -= 1
             if not connection.busy and connection.transport in self._open:
                 connection.first_byte_at = None
+                connection.since = asyncio.get_running_loop().time()
                 self._idle[connection.transport] = connection
 
     # --- the deadline sweep ---------------------------------------------------------------
@@ -317,14 +332,19 @@ class ConnectionGuard:
                 self._drop(connection, "half_closed")
 
     def _drop(self, connection: _Connection, reason: str, *, abort: bool = False) -> None:
-        """Close a connection; `abort` drops what is still unsent (a client that reads nothing
-        would otherwise keep the socket until its buffer drained)."""
+        """Close a connection; `abort` resets it, dropping what is still unsent (as nginx's
+        reset_timedout_connection): a plain close of a socket whose client reads nothing
+        leaves the kernel sending the rest, and the client never sees the end."""
         self._closed.labels(reason).inc()
         self.lost(connection.transport)
-        if abort:
-            connection.transport.abort()
-        else:
+        if not abort:
             connection.transport.close()
+            return
+        sock = connection.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+        connection.transport.abort()
 
 
 class _Guarded(asyncio.Protocol):

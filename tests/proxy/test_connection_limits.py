@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import select
 import socket
 import time
 import urllib.request
@@ -236,6 +237,9 @@ def check_unread_answer_is_cut(proxy: ProxyProcess, *, stream: bool) -> None:
     sock.connect(("127.0.0.1", proxy.port))
     with sock:
         sock.sendall(request(CHAT, body, KEY, X_Misbehave=mode))
+        watch = select.poll()
+        watch.register(sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+        assert watch.poll((SEND_TIMEOUT_S + SLACK_S) * 1000), "never cut"  # a reset: it ends now
         lines = request_lines(
             proxy, lambda x: x.get("model") == "echo" and x["status"] == 499, since
         )
@@ -328,14 +332,20 @@ def test_past_the_cap_the_idlest_connections_are_closed_and_clients_still_served
 def test_past_the_cap_a_connection_still_reading_its_body_makes_room(
     capped: ProxyProcess,
 ) -> None:
-    """Half-sent bodies hold nothing of the proxy's: past the cap, the one reading longest
-    goes (before, every such connection counted as busy and locked everyone out)."""
+    """Half-sent bodies hold nothing of the proxy's: past the cap, the connection waiting
+    longest goes, reading or idle (before, a reading one counted as busy: enough of them locked
+    everyone out). Here the readers came first, so the oldest reader goes, not the newer idle
+    ones: abusers that reconnect at once push out each other, not a client that just came."""
     before = closed(capped, "over_cap_reading")
     with ExitStack() as stack:
-        slow = [stack.enter_context(reading(capped)) for _ in range(CAP)]
+        slow = [stack.enter_context(reading(capped)) for _ in range(CAP - 2)]
+        idle = [stack.enter_context(connect(capped.port)) for _ in range(2)]
         assert keyed_chat(capped) == 200
         slow[0].settimeout(5)
         assert read_until_closed(slow[0])[2]  # the one reading longest went
+        for sock in idle:
+            sock.settimeout(0.5)
+            assert not read_until_closed(sock)[2]  # the newer idle ones are still open
     assert closed(capped, "over_cap_reading") >= before + 1
 
 
