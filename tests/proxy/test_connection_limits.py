@@ -15,6 +15,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -364,3 +365,32 @@ def test_past_the_cap_with_every_connection_answering_a_new_one_gets_503(
         assert final_status(data) == 503 and was_closed and took < SLACK_S
         assert json_body(data)["error"]["message"] == "too many open connections"
     assert closed(capped, "over_cap_refused") == before + 1
+
+
+def test_a_large_complete_answer_is_relayed_without_being_held_whole(
+    echo_url: str, tmp_path: Path
+) -> None:
+    """A 64 MiB complete answer read by its client: the proxy's peak memory (VmHWM) grows by a
+    small part of it. It held and parsed the whole answer before, at 2-6 times its size."""
+    config = proxy_config([echo_model(echo_url)], server={"api_keys": [KEY]})
+    body = json.dumps({"model": "echo", "messages": []}).encode()
+    with running_proxy(config, tmp_path) as proxy:
+        before = peak_mib(proxy)
+        data = bytearray()
+        with connect(proxy.port, timeout=60) as sock:
+            sock.sendall(request(CHAT, body, KEY, X_Misbehave="big-body:64"))
+            while chunk := sock.recv(1 << 20):
+                data += chunk
+        assert final_status(bytes(data[:4096])) == 200 and len(data) > 64 << 20
+        assert data.rstrip().endswith(b'"total_tokens":12}}')  # whole, usage last
+        lines = request_lines(proxy, lambda x: x.get("model") == "echo" and x["status"] == 200)
+        assert lines[-1]["output_tokens"] == 7  # its usage read from the answer's tail
+        growth = peak_mib(proxy) - before
+    assert growth < 16, f"the proxy's peak memory grew {growth:.1f} MiB for a 64 MiB answer"
+
+
+def peak_mib(proxy: ProxyProcess) -> float:
+    for line in Path(f"/proc/{proxy.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
