@@ -251,8 +251,11 @@ class KeptBody:
         self._tail = b""
 
     def feed(self, chunk: bytes) -> bool:
-        """Keep what is needed of `chunk`; False once the body is past WHOLE: from then on
-        only its tail is kept, and `held` gives what was held until then (once)."""
+        """Keep what is needed of `chunk`; False once the body is past WHOLE: `held` then
+        gives what was held until then, and only the tail is kept from there on (from the
+        next chunk on, if `held` was not called)."""
+        if self._parts is not None and self._size > self.WHOLE:
+            self.held()
         self._size += len(chunk)
         if self._parts is not None:
             self._parts.append(chunk)
@@ -280,15 +283,13 @@ class KeptBody:
 
 def _last_object_of(data: bytes, key: bytes) -> bytes | None:
     """The JSON object that follows the last `key` (a quoted member name) in `data`, as bytes,
-    or None. A member name is preceded by `{` or `,`: inside a string its quotes would be
-    escaped, so text that mentions the key is not taken for it."""
+    or None. Text that mentions the key cannot match: inside a JSON string its quotes are
+    escaped."""
     at = len(data)
     while (at := data.rfind(key, 0, at)) >= 0:
-        before = data[:at].rstrip()
         after = data[at + len(key) :].lstrip()
-        if before.endswith((b"{", b",")) and after.startswith(b":"):
-            value = after[1:].lstrip()
-            end = _object_end(value)
+        if after.startswith(b":"):
+            end = _object_end(value := after[1:].lstrip())
             if end is not None:
                 return value[:end]
     return None
