@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from proxy.config.files import CONFIG_LIMIT, read_local_file
 from proxy.config.model_names import ModelNameSettings
 from proxy.config.routing import RoutingSettings
 from supervisor.flags import PARALLEL, positive_int
@@ -540,8 +541,8 @@ def load_settings(path: Path | None) -> Settings:
     try:
         if path is None:
             text = resources.files("proxy.config").joinpath("default.toml").read_text("utf-8")
-        else:
-            text = path.read_text("utf-8")
+        else:  # bounded: a FIFO, a device or a huge file is refused, not read for ever
+            text = read_local_file(path, CONFIG_LIMIT).decode("utf-8")
         data: dict[str, Any] = tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(source, ["file not found"]) from None
@@ -549,6 +550,8 @@ def load_settings(path: Path | None) -> Settings:
         raise ConfigError(source, [f"cannot read: {exc}"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(source, [f"TOML syntax: {exc}"]) from None
+    except RecursionError:
+        raise ConfigError(source, ["TOML nested too deeply to read"]) from None
     try:
         return Settings(**data)
     except ValidationError as exc:

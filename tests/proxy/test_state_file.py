@@ -128,3 +128,46 @@ def test_learned_state_is_saved_periodically_and_survives_a_crash(tmp_path: Path
     with running_proxy(config(state_file), tmp_path / "second") as second:
         profile, reason = unpinned_decision(second)
     assert (reason, profile != "max") == ("learned", True), (profile, reason)
+
+
+def test_a_state_file_with_huge_finite_numbers_does_not_break_routing(tmp_path: Path) -> None:
+    """A finite but absurd busy weight (1e308) in a state file overflowed the busy epochs'
+    arithmetic: every request answered 500. Such measurements are dropped at load like others
+    (the learned cells hold such numbers without harm: they are kept)."""
+    state_file = tmp_path / "learned.json"
+    huge = 1e308
+    busy_row = {"level": 2, "weight": huge, "weight2": huge, "mean": 3.0, "m2": huge}
+    cell = {"decode": [huge, huge, huge, huge], "prefill": [huge, 1.0, 1.0, 6.0]}
+    cell |= {"output": [1.0, huge, 1.0, 6.0], "acceptance": [huge, huge, 1.0, 6.0]}
+    state = {
+        "version": 1,
+        "buckets": [4096, 16384, 32768, 65536],
+        "cells": [
+            {"model": "mtp-demo", "bucket": "<4k", "kind": "prose", "profile": p, "level": level}
+            | cell
+            for p in PROFILES
+            for level in (1, 2, 4)
+        ],
+        "chars_per_token": {"mtp-demo": [3.5, huge]},
+        "busy": {
+            "mtp-demo/one-copy": [
+                {"class": f"{bucket}/{kind}", "profile": p, **busy_row}
+                for bucket in ("<4k", "4k-16k")
+                for kind in ("prose", "code")
+                for p in PROFILES
+            ]
+        },
+    }
+    state_file.write_text(json.dumps(state))
+    model = simulator_model(draft_control="per-request", time_scale=TIME_SCALE)
+    routing = {"state_file": str(state_file), "state_save_interval_s": 3600.0}
+    with running_proxy(proxy_config([model], routing=routing), tmp_path / "proxy") as proxy:
+        wait_all_ready(proxy, {"mtp-demo": 1})
+        for n in range(3):  # alone, then beside others: the busy epochs' arithmetic too
+            sent = [
+                send(proxy.url, "chat", body_for("chat", stream=False, text=f"hello {n} {i}"))
+                for i in range(1 + n)
+            ]
+            assert {s.status for s in sent} == {200}, sent
+        report = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)[1]["state"]
+    assert "dropped" in report, report
