@@ -33,7 +33,7 @@ from proxy.plans.adopt import apply_plans, register_backends
 from proxy.plans.auto import on_ready, on_replaced
 from proxy.plans.plan import describe_plan, plans_of
 from proxy.routing.router import Router
-from proxy.routing.stats import LearnedStats, write_atomic
+from proxy.routing.stats import LearnedStats, dump_stepwise, write_atomic
 from proxy.serving import handlers, passthrough
 from proxy.serving.admission import Admission
 from proxy.serving.backends import LiveBackends
@@ -227,7 +227,8 @@ async def _save_stats(state: ProxyState) -> None:
     if path is None:
         return
     state.bookkeeping.flush()
-    data = state.router.stats.dumps()  # on the loop: consistent with the requests around it
+    # On the loop, a step at a time: consistent with the requests around it, never a stall.
+    data = await dump_stepwise(state.router.stats)
     try:
         await asyncio.get_running_loop().run_in_executor(None, write_atomic, path, data)
     except OSError as exc:
