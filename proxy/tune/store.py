@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from proxy.config.files import RESULTS_LIMIT, read_local_file
 from proxy.tune.measure import Measurement
 
 
@@ -32,7 +33,7 @@ class ResultStore:
         self._dir.mkdir(parents=True, exist_ok=True)
         run_file = self.out / "run.json"
         if run_file.exists():
-            old = json.loads(run_file.read_text("utf-8"))
+            old = _json_file(run_file)
             for key in ("model", "workload"):
                 if old.get(key) != meta.get(key):
                     raise StoreError(
@@ -59,11 +60,26 @@ class ResultStore:
         return [m for by_key in self._done.values() for m in by_key.values()]
 
 
+def _json_file(path: Path) -> dict[str, Any]:
+    """run.json, read bounded (proxy.config.files): StoreError if it is not ours."""
+    try:
+        data = json.loads(read_local_file(path, RESULTS_LIMIT))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise StoreError(f"{path} is not a results file of mtp-proxy tune: {exc}") from None
+    if not isinstance(data, dict):
+        raise StoreError(f"{path} is not a results file of mtp-proxy tune")
+    return data
+
+
 def _read_lines(path: Path) -> list[Measurement]:
+    try:
+        text = read_local_file(path, RESULTS_LIMIT).decode("utf-8", "replace")
+    except OSError as exc:
+        raise StoreError(f"cannot read {path}: {exc}") from None
     out = []
-    for line in path.read_text("utf-8").splitlines():
+    for line in text.splitlines():
         try:
             out.append(Measurement.from_json(json.loads(line)))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             continue  # a line cut short by a kill: that request is measured again
     return out
