@@ -393,29 +393,33 @@ async def test_a_stream_still_processing_its_prompt_leaves_the_others_at_one_dep
     requests decode at max: it decodes at no depth until its first token, so they ran at one
     depth and teach the busy epochs (counting it from its start, they had all run mixed)."""
     proxy = fresh_one_process
-    long_text = " ".join([SHORT] * 1500)  # ~15k tokens: ~15 simulated s of prompt processing
+    long_text = " ".join([SHORT] * 4500)  # ~45k tokens: ~45 simulated s of prompt processing
 
     async with aiohttp.ClientSession() as session:
         await send(session, proxy, "chat", f"{SHORT} first")
 
-        async def stream_at_off(text: str, max_tokens: int) -> None:
+        async def stream_at_off(text: str, max_tokens: int, first: asyncio.Event) -> None:
             request = {**body("chat", text, max_tokens), "stream": True, "ignore_eos": True}
             headers = {"X-MTP-Profile": "off"}
             async with session.post(proxy.url + PATHS["chat"], json=request, headers=headers) as r:
                 assert r.status == 200
+                await r.content.readline()
+                first.set()  # its first token is out: it decodes from now on
                 await r.read()
 
-        prompt = asyncio.create_task(stream_at_off(long_text, 8))
-        await asyncio.sleep(0.05)  # it is at the backend, processing its prompt
+        tokens = asyncio.Event()
+        prompt = asyncio.create_task(stream_at_off(long_text, 8, tokens))
+        await until(lambda: backend_row(proxy)["in_flight"] == 1)  # at the backend
         await busy_at_max(session, proxy, "beside a prompt")
-        assert not prompt.done()  # the premise: the three ran while it had no token yet
+        assert not tokens.is_set()  # the premise: the three ran while it had no token yet
         await prompt
         samples = busy_samples(proxy)
         assert samples.get("max", 0.0) > 1.5, samples
 
         # Once its tokens flow, a stream at off decodes beside them: that teaches nothing.
-        decoding = asyncio.create_task(stream_at_off(f"{SHORT} long answer", 2000))
-        await asyncio.sleep(0.05)
+        flowing = asyncio.Event()
+        decoding = asyncio.create_task(stream_at_off(f"{SHORT} long answer", 2000, flowing))
+        await asyncio.wait_for(flowing.wait(), 30)
         await busy_at_max(session, proxy, "beside a stream")
         assert not decoding.done()
         await decoding
