@@ -168,7 +168,6 @@ async def _supervised_backends(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        sdnotify.notify("STOPPING=1")
         await supervisor.stop()  # waits for a reload under way (auto's fallback) to finish
         await asyncio.gather(*state.replans, return_exceptions=True)
 
@@ -291,6 +290,7 @@ async def _serve_on(
                 on_listening(port)
             await (stop.wait() if shutdown_trigger is None else shutdown_trigger())
             log.info("shutting_down")
+            sdnotify.notify("STOPPING=1")  # the stop begins now: the drain is part of it
         finally:
             reloader.close()  # a reload under way ends once the supervisor stops
             await drain(runner, app[REQUESTS], settings.supervisor.drain_timeout_s)
