@@ -425,7 +425,10 @@ def is_event_stream(response: aiohttp.ClientResponse) -> bool:
 
 def _set_read_timeout(response: aiohttp.ClientResponse, seconds: float) -> None:
     # The first byte may take minutes (prefill of a long prompt); after it, silence between
-    # chunks means a hung backend, so the read timeout is tightened to the idle limit.
+    # chunks means a hung backend, so the read timeout is tightened to the idle limit. The
+    # timer running is restarted with it: aiohttp only reschedules it when bytes arrive, so a
+    # backend whose last bytes came with the head stalled under first_byte_s (10 minutes).
     connection = response.connection
     if connection is not None and connection.protocol is not None:
         connection.protocol.read_timeout = seconds
+        connection.protocol.start_timeout()

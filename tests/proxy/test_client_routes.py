@@ -17,6 +17,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -47,14 +48,17 @@ def echo_url() -> Iterator[str]:
         yield url
 
 
+def echo_model(url: str) -> dict[str, Any]:
+    return {"name": "echo", "backend": "simulator", "profiles": [{"name": "e", "url": url}]}
+
+
 @pytest.fixture(scope="module")
 def proxy(echo_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     demo = simulator_model(
         time_scale=50.0,
         profiles=[{"name": "off"}, {"name": "max", "spec_type": "draft-mtp", "draft_n_max": 3}],
     )
-    echo = {"name": "echo", "backend": "simulator", "profiles": [{"name": "e", "url": echo_url}]}
-    config = proxy_config([demo, echo])
+    config = proxy_config([demo, echo_model(echo_url)])
     config["model_names"] = {"patterns": PATTERNS}
     with running_proxy(config, tmp_path_factory.mktemp("client-routes")) as running:
         yield running
@@ -434,6 +438,27 @@ def test_a_responses_event_that_cannot_be_completed_passes_and_the_stream_goes_o
     assert DEEP_EVENT in raw
     tail = raw.split(DEEP_EVENT)[1]
     assert b"event: response.completed" in tail and b'"sequence_number":' in tail
+
+
+def test_v1_health_is_health(proxy: ProxyProcess) -> None:
+    """llama-server's alias: the same answer as /health (200 once every model has a ready
+    backend, with the count per model)."""
+    health, v1 = proxy.get_json("/health"), proxy.get_json("/v1/health")
+    assert v1 == health and v1[0] == 200 and v1[1]["ready_backends"]["echo"] == 1
+
+
+def test_responses_streams_pass_unchanged_with_the_indices_off(
+    echo_url: str, tmp_path: Path
+) -> None:
+    """[compat] responses_stream_indices = false: the Responses stream's bytes are relayed as
+    the backend sent them, like every other API's."""
+    body = {"model": "echo", "stream": True, "input": "x"}
+    config = proxy_config([echo_model(echo_url)])
+    config["compat"] = {"responses_stream_indices": False}
+    with running_proxy(config, tmp_path) as plain:
+        through = stream_bytes(plain.url + "/v1/responses", body)
+    direct = stream_bytes(echo_url + "/v1/responses", body)
+    assert through == direct and b"sequence_number" not in through
 
 
 def test_a_backend_error_on_count_tokens_comes_back_in_anthropic_shape(proxy: ProxyProcess) -> None:

@@ -45,6 +45,7 @@ BODY_TIMEOUT_S = 1.0
 MIN_RATE = 100.0  # bytes/s: a body of n bytes must be in within BODY_TIMEOUT_S + n / MIN_RATE
 KEEPALIVE_S = 3.0
 SEND_TIMEOUT_S = 1.0
+IDLE_TIMEOUT_S = 2.0  # a backend's silence mid-answer
 CAP = 30
 SLACK_S = 10.0  # how late a deadline may fire on a loaded machine
 CHAT = "/v1/chat/completions"
@@ -78,6 +79,7 @@ def limited(echo_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         "body_min_rate_bytes_s": MIN_RATE,
         "keepalive_timeout_s": KEEPALIVE_S,
         "send_timeout_s": SEND_TIMEOUT_S,
+        "idle_timeout_s": IDLE_TIMEOUT_S,
     }
     demo = simulator_model(profiles=[{"name": "off"}])
     config = proxy_config([demo, echo_model(echo_url)], server=server)
@@ -253,6 +255,31 @@ def echo_in_flight(proxy: ProxyProcess) -> int:
     status, answer = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)
     assert status == 200
     return int(next(b["in_flight"] for b in answer["backends"] if b["model"] == "echo"))
+
+
+def test_a_complete_answer_that_stalls_mid_body_gets_502_after_the_idle_timeout(
+    limited: ProxyProcess,
+) -> None:
+    """A backend that sends half of a complete answer and then nothing: after idle_timeout_s
+    of silence the proxy gives up on it (the answer was held, nothing reached the client) and,
+    with no other backend to try, answers 502 in the API's shape."""
+    body = json.dumps({"model": "echo", "messages": []}).encode()
+    began = time.monotonic()
+    with connect(limited.port, timeout=IDLE_TIMEOUT_S + SLACK_S) as sock:
+        sock.sendall(request(CHAT, body, KEY, X_Misbehave="stall-mid-body"))
+        data, _, _ = read_until_closed(sock)
+    took = time.monotonic() - began
+    assert final_status(data) == 502, data[:300]
+    assert "every backend tried failed" in json_body(data)["error"]["message"]
+    assert took >= IDLE_TIMEOUT_S
+    failures = request_lines(limited, lambda x: True)  # flushed: the warning is written too
+    assert failures
+    warned = [
+        line
+        for line in limited.log_lines()
+        if line.get("event") == "upstream_unavailable" and "body lost" in str(line.get("error"))
+    ]
+    assert warned and "Timeout" in warned[-1]["error"], warned
 
 
 # --- half-closes and pipelining -----------------------------------------------------------------
