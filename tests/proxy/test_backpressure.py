@@ -195,7 +195,7 @@ async def test_waiting_past_the_queue_timeout_is_refused(pressured: ProxyProcess
     for outcome in waiting:
         assert outcome.status == 429
         assert_served_or_refused(outcome, stream=True)
-        assert QUEUE_TIMEOUT_S * 0.9 < outcome.took < QUEUE_TIMEOUT_S + 1.5
+        assert QUEUE_TIMEOUT_S * 0.9 < outcome.took < QUEUE_TIMEOUT_S + 5.0
     await settled(pressured, "solo")
 
 

@@ -330,10 +330,10 @@ def test_a_malformed_chunk_mid_body_gets_400_and_a_log_line(limited: ProxyProces
         sock.sendall(chunked + b'5\r\n{"mod\r\n')
         assert sock.recv(64).startswith(b"HTTP/1.1 100 Continue")  # its body is being read
         sock.sendall(b"zz\r\nnot a chunk\r\n")
-        data, took, was_closed = read_until_closed(sock)
+        data, _, was_closed = read_until_closed(sock)
     assert final_status(data) == 400 and was_closed
     assert "malformed request body" in json_body(data)["error"]["message"]
-    assert took < BODY_TIMEOUT_S  # at once, not after the read deadline
+    # at once: the read deadline would have answered 408 ("no request body bytes")
     lines = request_lines(limited, lambda x: "malformed request body" in str(x.get("error")))
     assert lines[-1]["status"] == 400
 

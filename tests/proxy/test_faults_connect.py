@@ -77,7 +77,7 @@ async def test_open_upstream_gives_up_at_the_connect_timeout() -> None:
                 url = upstream_url(f"http://127.0.0.1:{port}", "/v1/chat/completions")
                 await open_upstream(session, url, b"{}", CIMultiDict(), timeouts)
             took = time.perf_counter() - started
-    assert CONNECT_S * 0.8 < took < CONNECT_S + 1.0
+    assert CONNECT_S * 0.8 < took < CONNECT_S + 5.0  # at the connect timeout, not the 30 s
 
 
 def config(hole_url: str) -> dict[str, Any]:
