@@ -6,23 +6,29 @@ The map: every module of the package, once, in the order the start-up or a reque
 backend processes are the ``supervisor`` package's, which never imports this one.
 
 Start-up (``mtp-proxy serve``) and the life of the process:
-- ``cli``: the command line: serve, check-config, status, tune.
+- ``cli``: the command line: serve, check-config, status, init, tune.
 - ``config.settings``: the TOML file and MTP_PROXY_* overrides -> Settings (server, models, log).
 - ``config.routing``: the ``[routing]`` section: the routing brain's thresholds and priors.
 - ``config.model_names``: the ``[model_names]`` section: names clients send -> models.
 - ``config.reference``: every setting's reference, rendered from the schema (docs/configuration.md).
 - ``config.__main__``: ``python -m proxy.config`` prints that reference.
 - ``config.files``: the local files a user names, read bounded (no FIFO, device or huge file).
+- ``config.overrides``: the service's environment (this shell's, the systemd unit's): the
+  settings it overrides, where each was set, and the state file in force.
 - ``ops.logs``: structlog JSON lines (a console renderer on a tty), credentials redacted.
 - ``plans.plan``: how each model is served (one process, pool, single) and its backend specs.
 - ``plans.preflight``: whether the backends fit in GPU memory, said before they start.
+- ``plans.gguf``: what a GGUF says about itself: trained context, MTP layers, KV shape.
 - ``app``: the aiohttp application (routes, middlewares, cleanup contexts) and ``serve``.
 - ``state``: ProxyState, the long-lived objects under one app key.
 - ``serving.backends``: LiveBackends, the live view of every backend: readiness and load.
 - ``plans.adopt``: the router, LiveBackends and the supervisor follow the plans.
 - ``plans.auto``: auto's keep-or-fall-back once a backend's draft-control probe answered.
 - ``ops.sdnotify``: systemd's READY, RELOADING and STOPPING.
+- ``ops.banner``: the start-up banner on a terminal: what runs, the URL, a request to try.
+- ``ops.fail_fast``: a model that never got a ready backend stops the start-up, with its cause.
 - ``ops.reload``: SIGHUP re-reads the configuration file and applies its models.
+- ``ops.learned_file``: the state file as the proxy last read or wrote it; others' writes kept.
 - ``ops.drain``: graceful shutdown: the requests in flight finish before the backends stop.
 
 A request, in the order it is served:
@@ -33,6 +39,14 @@ A request, in the order it is served:
 - ``serving.handlers``: the generation handlers; models, health and metrics.
 - ``serving.body``: reading the body: size limit, read deadline, framing errors, gzip.
 - ``serving.model_names``: the model name a client sends -> the configured model.
+- ``compat.request``: the mends of one request (``[compat]``): the bytes each backend gets.
+- ``compat.outcome``: how a mend says it cannot (Unmendable) or must not (Refused) go ahead.
+- ``compat.output_format``: Messages ``output_config.format``, which llama-server drops: a 400.
+- ``compat.session_prefix``: Claude Code's per-session billing digits made constant.
+- ``compat.codex_tools``: Codex's ``additional_tools`` -> tools; its calls back as Codex's.
+- ``compat.input_items``: Responses items without a type, reasoning items without content.
+- ``compat.text_format``: Responses ``text.format`` -> the ``response_format`` that is enforced.
+- ``compat.system_turns``: late system messages for a template that refuses them, kept in place.
 - ``serving.exchange``: one generation: route, forward (retrying before the first byte), relay.
 - ``routing.router``: the routing brain's state and glue: a backend and depth per request.
 - ``routing.features``: one pass over the body -> RequestFeatures (size, kind, session).
@@ -47,32 +61,59 @@ A request, in the order it is served:
 - ``serving.forward``: forwarding to one backend and relaying its answer byte for byte.
 - ``serving.responses_events``: /v1/responses stream events completed to the spec.
 - ``serving.errors``: error bodies in OpenAI's or Anthropic's shape, mid-stream ones too.
+- ``compat.overflow``: llama-server's context overflow -> each API's canonical error.
 - ``routing.telemetry``: timings and usage read from the answer -> Observation.
 - ``routing.spec_counters``: draft acceptance from /metrics for APIs without timings.
 - ``routing.stats``: decayed statistics per (model, class, profile, load); the state file.
 - ``ops.bookkeeping``: what no client waits for (statistics, metrics, log lines), batched.
 - ``ops.request_log``: a request's id and its logger.
 - ``ops.metrics``: the proxy's Prometheus metrics.
+- ``ops.recent``: the last finished requests and the depth chart, for the live page.
 - ``serving.passthrough``: llama-server's other routes, forwarded or refused.
 
 Beside the requests:
 - ``ops.collectors``: metrics read at scrape time: backends, queues, what was learned.
-- ``ops.admin``: the /admin endpoints: backends, restarting one, the routing table.
-- ``ops.status``: ``mtp-proxy status``: a running proxy's backends and routing, as tables.
+- ``ops.admin``: the /admin endpoints: backends, restarting one, the routing table, the
+  service, the live page's reads.
+- ``ops.live``: those reads: the depth each process runs now and why, requests, the chart.
+- ``routing.now``: read-only: the busy epoch each one-process backend is in, with its depth.
+- ``ui.routes``: the live page at /ui/: its static files (proxy/ui/static), no data in them.
+- ``ops.status``: ``mtp-proxy status``: a running proxy's backends, depths and routing, as
+  tables; ``--watch`` redraws them.
+
+Setting up a box (``mtp-proxy check-config`` and ``mtp-proxy init``):
+- ``ops.check_config``: ``check-config``: a configuration checked as the service will run it.
+- ``plans.model_files``: the model files exist, can be read, and have the MTP layers drafted.
+- ``ops.init_config``: ``init``: a commented single-GPU configuration for one GGUF.
+- ``ops.builds``: the llama-server builds on this box, the patched one first.
 
 ``mtp-proxy tune``, measuring draft settings on this machine:
-- ``tune.command``: the command line and the run from start to end.
+- ``tune.command``: the command line, and the run from start to end in either way.
 - ``tune.grid``: candidate draft settings: the default grid and the user's syntax.
-- ``tune.workload``: what is replayed: the built-in workload or a trace file.
+- ``tune.service``: the running service: what it runs, its load, whether it runs.
+- ``tune.guard``: refuses a second copy of the weights on the GPU the service uses.
+- ``tune.context``: the server's real context per slot and its tokenizer, read first.
+- ``tune.workload``: what is replayed, sized to that context; what does not fit, and why.
 - ``tune.trace``: the trace file format (JSON lines), shared with ``bench.routing``.
 - ``tune.texts``: the text builders of the workloads: code, prose, agent turns.
+- ``tune.job``: a run's shared steps: workload, store, plan, recorder.
+- ``tune.plan``: the plan printed before anything is measured, and its estimate.
+- ``tune.estimate``: the warm-up that measures this backend's speed for the estimate.
+- ``tune.own_job``: a run on tune's own processes (the service stopped).
 - ``tune.runner``: replays the workload under each setting, one process at a time.
 - ``tune.launch``: one backend process for one setting, run by the supervisor's Child.
+- ``tune.service_job``: a run through the running service, and its reload after --apply.
+- ``tune.service_run``: replays the workload through the service, pinned, depth per request.
+- ``tune.record``: one request from sending to the store: measured, failed, or given up.
 - ``tune.measure``: one measured request, read as the router reads an answer.
+- ``tune.failures``: failures per class and reason; classes given up after their first repeat.
 - ``tune.store``: measured results on disk, so a rerun resumes.
-- ``tune.progress``: the estimate before the run, and its progress.
-- ``tune.analysis``: measurements -> median and spread per setting and request class.
-- ``tune.recommend``: the fewest settings that capture the gain, as profiles.
+- ``tune.progress``: the bar and the time left, corrected as the run goes.
+- ``tune.analysis``: measurements -> median and spread per setting, class and load level.
+- ``tune.recommend``: the fewest settings that capture the gain, as profiles named by setting.
+- ``tune.labels``: request classes in words, and in file names.
+- ``tune.summary``: the end of a run: the outputs, the gaps, the exit code.
 - ``tune.outputs``: the table (text, CSV, JSON), profiles.toml and the state file.
-- ``tune.chart``: one PNG per request class.
+- ``tune.chart``: one PNG per request class and a summary, readable alone.
+- ``tune.apply``: --apply: the config, the state file in force, the reload.
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -27,13 +28,16 @@ from proxy.ops import admin, sdnotify
 from proxy.ops.access_log import access_log_middleware
 from proxy.ops.collectors import BackendsCollector
 from proxy.ops.drain import REQUESTS, RequestCount, count_requests, drain
+from proxy.ops.fail_fast import ModelCannotStartError
+from proxy.ops.learned_file import LearnedFile
 from proxy.ops.metrics import ProxyMetrics
+from proxy.ops.recent import RecentRequests
 from proxy.ops.reload import Reloader
 from proxy.plans.adopt import apply_plans, register_backends
 from proxy.plans.auto import on_ready, on_replaced
 from proxy.plans.plan import describe_plan, plans_of
 from proxy.routing.router import Router
-from proxy.routing.stats import LearnedStats, dump_stepwise, write_atomic
+from proxy.routing.stats import LearnedStats, dump_stepwise
 from proxy.serving import handlers, passthrough
 from proxy.serving.admission import Admission
 from proxy.serving.backends import LiveBackends
@@ -49,7 +53,9 @@ from proxy.serving.forward import Timeouts
 from proxy.serving.middlewares import auth_middleware, error_middleware
 from proxy.serving.model_names import ModelCatalog
 from proxy.state import STATE, ProxyState
+from proxy.ui import routes as ui
 from supervisor.backend import Backend
+from supervisor.states import BackendState
 from supervisor.supervisor import Supervisor
 
 log = structlog.get_logger("proxy")
@@ -62,13 +68,15 @@ _BACKLOG = 4096
 def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Application:
     server = settings.server
     backends = LiveBackends()
+    state_file = settings.routing.state_file
+    learned_file = None if state_file is None else LearnedFile(state_file)
     state = ProxyState(
         settings=settings,
         registry=registry,
         metrics=ProxyMetrics(registry),
         backends=backends,
         models=ModelCatalog(settings.models, settings.model_names),
-        router=Router(settings.routing, backends, _load_stats(settings.routing)),
+        router=Router(settings.routing, backends, _load_stats(settings.routing, learned_file)),
         admission=Admission(server.max_queue, server.queue_timeout_s),
         timeouts=Timeouts(
             server.connect_timeout_s,
@@ -77,6 +85,10 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
             server.send_timeout_s,
         ),
         plans=plans_of(settings),
+        learned_file=learned_file,
+        recent=RecentRequests(
+            settings.ui.recent_requests, settings.ui.chart_window_s, settings.ui.chart_step_s
+        ),
     )
     apply_plans(state)
     app = web.Application(
@@ -103,11 +115,11 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
     return app
 
 
-def _load_stats(settings: RoutingSettings) -> LearnedStats:
+def _load_stats(settings: RoutingSettings, learned_file: LearnedFile | None) -> LearnedStats:
     # Read once at start-up, before the loop serves anything (the file is small).
-    if settings.state_file is None:
+    if learned_file is None:
         return LearnedStats(settings)
-    return LearnedStats.load(settings.state_file, settings)
+    return learned_file.load(settings)
 
 
 def _add_routes(app: web.Application) -> None:
@@ -120,6 +132,7 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", handlers.metrics)
     passthrough.add_routes(app)
     admin.add_routes(app)
+    ui.add_routes(app)
 
 
 async def _connection_deadlines(app: web.Application) -> AsyncIterator[None]:
@@ -179,12 +192,27 @@ def _track(state: ProxyState, changed: Backend) -> None:
     # While a changed backend is replaced, two share its name; the supervisor's answer for the
     # name is the one that serves (the old one until the new one is ready).
     current = state.supervisor.backend(changed.name)
+    check = current.chat_template
+    state.late_system[current.name] = None if check is None else check.late_system
     backend = state.backends.update(current.spec, current.state, current.base_url)
     if backend.ready:
+        state.startup.saw_ready(backend.model)
         on_ready(state, current)
         on_replaced(state, current)
         state.admission.notify(backend.model, state.backends.free_slots(backend.model))
+    elif current.state is BackendState.FAILED and not state.notified_ready:
+        _judge_start_up(state, backend.model)
     _notify_ready_once_serving(state)
+
+
+def _judge_start_up(state: ProxyState, model: str) -> None:
+    """Still starting up and the model's backends all gave up before one was ever ready: the
+    proxy stops (proxy.ops.fail_fast); its last words go to the log and to systemd's status."""
+    assert state.supervisor is not None
+    line = state.startup.judge(model, state.supervisor.backends)
+    if line is not None:
+        log.error("model_cannot_start", model=model, message=line)
+        sdnotify.notify(f"STATUS={line}")
 
 
 def _notify_ready_once_serving(state: ProxyState) -> None:
@@ -222,16 +250,16 @@ async def _every_interval(state: ProxyState) -> None:
 
 
 async def _save_stats(state: ProxyState) -> None:
-    path = state.settings.routing.state_file
-    if path is None:
+    learned_file = state.learned_file
+    if learned_file is None:
         return
     state.bookkeeping.flush()
     # On the loop, a step at a time: consistent with the requests around it, never a stall.
     data = await dump_stepwise(state.router.stats)
     try:
-        await asyncio.get_running_loop().run_in_executor(None, write_atomic, path, data)
+        await asyncio.get_running_loop().run_in_executor(None, learned_file.save, data)
     except OSError as exc:
-        log.warning("stats_save_failed", path=str(path), error=str(exc))
+        log.warning("stats_save_failed", path=str(learned_file.path), error=str(exc))
 
 
 async def serve(
@@ -247,7 +275,9 @@ async def serve(
     With the default trigger, SIGHUP re-reads `config_path` and applies its models (reload.py).
     At shutdown the listener closes first; requests in flight get drain_timeout_s to finish,
     then what is left is cut and the backends are stopped. The port is bound before any backend
-    is spawned: one in use raises ListenError at once.
+    is spawned: one in use raises ListenError at once. A model whose backends all fail before
+    one was ever ready (proxy.ops.fail_fast) shuts the proxy down as a signal would, then raises
+    ModelCannotStartError.
     """
     server = settings.server
     sock = bind_listener(server.host, server.port, _BACKLOG)
@@ -272,6 +302,9 @@ async def _serve_on(
         keepalive_timeout=settings.server.keepalive_timeout_s,
         auto_decompress=False,  # bodies are inflated by proxy.serving.body, after the key check
     )
+    # Absolute, as /admin/service shows it (no file access: one getcwd, before any request).
+    absolute = None if config_path is None else os.path.abspath(config_path)  # noqa: ASYNC240
+    app[STATE].config_path = None if absolute is None else Path(absolute)
     reloader = Reloader(app[STATE], config_path)
     stop = asyncio.Event()
     # Handled from the start: a SIGTERM or SIGHUP while the backends spawn (before the listener
@@ -284,11 +317,15 @@ async def _serve_on(
             await site.start()
             port = _bound_port(runner)
             log.info("listening", host=settings.server.host, port=port)
+            _log_live_page(settings, port)
             app[STATE].listening = True
             _notify_ready_once_serving(app[STATE])
             if on_listening is not None:
                 on_listening(port)
-            await (stop.wait() if shutdown_trigger is None else shutdown_trigger())
+            await _first_of(
+                stop.wait() if shutdown_trigger is None else shutdown_trigger(),
+                app[STATE].startup.wait(),
+            )
             log.info("shutting_down")
             sdnotify.notify("STOPPING=1")  # the stop begins now: the drain is part of it
         finally:
@@ -296,6 +333,28 @@ async def _serve_on(
             await drain(runner, app[REQUESTS], settings.supervisor.drain_timeout_s)
             await runner.cleanup()
             await reloader.wait_closed()
+    if app[STATE].startup.failure is not None:
+        raise ModelCannotStartError(app[STATE].startup.failure)
+
+
+async def _first_of(*waits: Awaitable[object]) -> None:
+    """Wait until one of `waits` completes; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in done:
+        task.result()  # a trigger's own exception goes on up
+
+
+def _log_live_page(settings: Settings, port: int) -> None:
+    """Where the live page is (proxy.ui), and whether it can show anything."""
+    if settings.ui.enabled:
+        url = ui.link(settings.server.host, port)
+        log.info("live_page", url=url, admin_key_set=settings.server.admin_key is not None)
 
 
 def _tune_gc() -> None:

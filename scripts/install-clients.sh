@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The real agent CLIs of the `clients` tests, pinned in scripts/clients.lock, into .clients/:
-# Claude Code, Codex CLI and opencode from npm (node/), aider and llm from PyPI, each in its own
-# venv so that their pins never fight the project's. Node and npm come from Debian's packages
+# The real agent CLIs and SDKs of the `clients` tests, pinned in scripts/clients.lock, into
+# .clients/: Claude Code, Codex CLI, opencode, Qwen Code and the Vercel AI SDK (ai, @ai-sdk/openai,
+# zod) from npm (node/), aider and llm from PyPI, each in its own venv so that their pins never
+# fight the project's. Node and npm come from Debian's packages
 # when missing (as root). A second run with the same pins does nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +10,8 @@ cd "$(dirname "$0")/.."
 source scripts/clients.lock
 dest=.clients
 stamp="$dest/installed"
-want="claude-code=$CLAUDE_CODE codex=$CODEX opencode=$OPENCODE aider=$AIDER llm=$LLM"
+want="claude-code=$CLAUDE_CODE codex=$CODEX opencode=$OPENCODE qwen-code=$QWEN_CODE"
+want="$want ai=$AI_SDK ai-sdk-openai=$AI_SDK_OPENAI zod=$ZOD aider=$AIDER llm=$LLM"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -30,7 +32,11 @@ platform=()
 if [ "$(uname -sm)" = "Linux x86_64" ]; then platform=("opencode-linux-x64@$OPENCODE"); fi
 npm install --prefix "$dest/node" --no-audit --no-fund --loglevel=error \
   "@anthropic-ai/claude-code@$CLAUDE_CODE" "@openai/codex@$CODEX" "opencode-ai@$OPENCODE" \
+  "@qwen-code/qwen-code@$QWEN_CODE" "ai@$AI_SDK" "@ai-sdk/openai@$AI_SDK_OPENAI" "zod@$ZOD" \
   "${platform[@]}"
+# Qwen Code ships its ripgrep without the executable bit (npm keeps the tarball's modes): it then
+# warns on every run (EACCES) and falls back to a slower search of its own.
+for rg in "$dest"/node/node_modules/@qwen-code/qwen-code/vendor/ripgrep/*/rg; do chmod +x "$rg"; done
 for tool in aider llm; do
   python3 -m venv "$dest/$tool"
 done

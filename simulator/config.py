@@ -36,3 +36,6 @@ class SimConfig:
     # new task.
     cache_ram_mib: int = 8192
     cache_idle_slots: bool = True
+    # --[no-]refuse-late-system: answer a system message that is not first with the Qwen3.5/3.6
+    # template's 500 (simulator/template.py); None: as the preset says ([chat_template]).
+    refuse_late_system: bool | None = None

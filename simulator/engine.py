@@ -140,6 +140,10 @@ class Engine:
             preset.acceptance.latent_sigma if config.latent_sigma is None else config.latent_sigma
         )
         self._tasks = itertools.count()
+        refuse = config.refuse_late_system
+        self.refuses_late_system = (
+            preset.chat_template.refuse_late_system if refuse is None else refuse
+        )
 
     def _natural_length(self, kind: Kind, digest: int) -> int:
         out = self.preset.output

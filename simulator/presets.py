@@ -70,6 +70,13 @@ class PromptCache:
 
 
 @dataclass(frozen=True)
+class ChatTemplate:
+    """What the model's chat template refuses (simulator/template.py)."""
+
+    refuse_late_system: bool = False  # Qwen3.5/3.6: a system message that is not first -> 500
+
+
+@dataclass(frozen=True)
 class Output:
     prose_min: int  # natural (EOS) length range of an answer, tokens
     prose_max: int
@@ -99,6 +106,7 @@ class Preset:
     prefill: Prefill
     output: Output
     prompt_cache: PromptCache = PromptCache()
+    chat_template: ChatTemplate = ChatTemplate()
 
 
 def _section(cls: type[T], data: dict[str, Any], key: str, *, optional: bool = False) -> T:
@@ -128,6 +136,7 @@ def parse_preset(data: dict[str, Any]) -> Preset:
         prefill=_section(Prefill, data, "prefill"),
         output=_section(Output, data, "output"),
         prompt_cache=_section(PromptCache, data, "prompt_cache", optional=True),
+        chat_template=_section(ChatTemplate, data, "chat_template", optional=True),
     )
 
 

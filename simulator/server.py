@@ -27,6 +27,13 @@ from simulator.prompts import (
     messages_prompt,
     responses_prompt,
 )
+from simulator.template import (
+    TemplateRefused,
+    chat_roles,
+    check_late_system,
+    messages_roles,
+    responses_roles,
+)
 from simulator.webcommon import ENGINE, READY_AT, dumps, error_response, json_body, model_name
 
 log = structlog.get_logger("simulator")
@@ -38,6 +45,13 @@ _PARSERS: dict[Api, Callable[[dict[str, Any]], Prompt]] = {
     Api.RESPONSES: responses_prompt,
     Api.MESSAGES: messages_prompt,
     Api.NATIVE: completion_prompt,
+}
+# The roles each API's body hands to the chat template (simulator/template.py); /v1/completions
+# and /completion take a raw prompt: no template.
+_ROLES: dict[Api, Callable[[dict[str, Any]], list[str]]] = {
+    Api.CHAT: chat_roles,
+    Api.RESPONSES: responses_roles,
+    Api.MESSAGES: messages_roles,
 }
 _MAX_TOKENS_KEYS: dict[Api, tuple[str, ...]] = {
     Api.CHAT: ("n_predict", "max_completion_tokens", "max_tokens"),
@@ -57,9 +71,19 @@ async def _guard(
         return error_response(503, "Loading model", "unavailable_error")
     try:
         return await handler(request)
-    except BadRequest as exc:
-        return error_response(400, str(exc), "invalid_request_error")
-    except ContextTooLong as exc:
+    except (BadRequest, TemplateRefused, ContextTooLong) as exc:
+        return _refused(exc)
+    except web.HTTPNotFound:
+        return error_response(404, "File Not Found", "not_found_error")
+    except web.HTTPMethodNotAllowed:
+        return error_response(405, "Method Not Allowed", "invalid_request_error")
+
+
+def _refused(exc: BadRequest | TemplateRefused | ContextTooLong) -> web.Response:
+    """llama-server's answer to a request it cannot serve."""
+    if isinstance(exc, TemplateRefused):  # a Jinja exception: llama-server says 500
+        return error_response(500, str(exc), "server_error")
+    if isinstance(exc, ContextTooLong):
         return error_response(
             400,
             str(exc),
@@ -67,10 +91,23 @@ async def _guard(
             n_prompt_tokens=exc.n_prompt,
             n_ctx=exc.n_ctx,
         )
-    except web.HTTPNotFound:
-        return error_response(404, "File Not Found", "not_found_error")
-    except web.HTTPMethodNotAllowed:
-        return error_response(405, "Method Not Allowed", "invalid_request_error")
+    return error_response(400, str(exc), "invalid_request_error")
+
+
+def _prompt(
+    engine: Engine,
+    api: Api,
+    body: dict[str, Any],
+    parse: Callable[[dict[str, Any]], Prompt] | None = None,
+) -> Prompt:
+    """The body's prompt: converted (a 400 if it cannot be; ``parse`` instead of the API's own
+    parser, as /infill's), then templated (a 500 where the template refuses, as llama-server's
+    Jinja errors)."""
+    prompt = (parse or _PARSERS[api])(body)
+    roles = _ROLES.get(api)
+    if engine.refuses_late_system and roles is not None:
+        check_late_system(roles(body))
+    return prompt
 
 
 def _max_tokens(body: dict[str, Any], api: Api) -> int | None:
@@ -92,7 +129,7 @@ async def _complete(
 ) -> web.StreamResponse:
     engine = request.app[ENGINE]
     body = await json_body(request)
-    prompt = (parse or _PARSERS[api])(body)
+    prompt = _prompt(engine, api, body, parse)
     depth = requested_depth(body) if engine.config.request_draft else None
     job = engine.job(prompt, _max_tokens(body, api), bool(body.get("ignore_eos")), depth)
     model = body.get("model")
@@ -150,7 +187,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
 async def _count_tokens(api: Api, request: web.Request) -> web.Response:
     """llama-server's token counting (handle_count_tokens): the prompt the request would make."""
     engine = request.app[ENGINE]
-    prompt = _PARSERS[api](await json_body(request))
+    prompt = _prompt(engine, api, await json_body(request))
     payload: dict[str, Any] = {"input_tokens": len(engine.tokenizer.encode(prompt.text))}
     if api is not Api.MESSAGES:
         payload["object"] = "response.input_tokens"
@@ -165,7 +202,8 @@ def _counter(api: Api) -> Callable[[web.Request], Awaitable[web.Response]]:
 
 
 async def apply_template(request: web.Request) -> web.Response:
-    return web.json_response({"prompt": chat_prompt(await json_body(request)).text}, dumps=dumps)
+    prompt = _prompt(request.app[ENGINE], Api.CHAT, await json_body(request))
+    return web.json_response({"prompt": prompt.text}, dumps=dumps)
 
 
 def _draft_from(value: Any, default: DraftSettings) -> DraftSettings:

@@ -8,6 +8,7 @@ from typing import Protocol
 from supervisor.draft_probe import DraftControl
 from supervisor.spec import BackendSpec
 from supervisor.states import BackendState
+from supervisor.template_check import ChatTemplateCheck
 
 
 class Backend(Protocol):
@@ -51,6 +52,8 @@ class Backend(Protocol):
     def draft_control(self) -> DraftControl | None: ...  # supervisor.draft_probe; None until probed
     @property
     def draft_control_reason(self) -> str | None: ...  # what the probe saw
+    @property
+    def chat_template(self) -> ChatTemplateCheck | None: ...  # template_check; None until checked
     def snapshot(self) -> dict[str, object]: ...  # JSON-ready, for an admin endpoint
 
 

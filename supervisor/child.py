@@ -17,6 +17,7 @@ import aiohttp
 import structlog
 
 from supervisor.backend import Backend, InFlight, OnChange
+from supervisor.causes import diagnose
 from supervisor.draft_probe import DraftControl, probe_draft_control
 from supervisor.flags import speculation_in
 from supervisor.health import check_health
@@ -24,6 +25,7 @@ from supervisor.process import ChildProcess, describe_exit, free_loopback_port
 from supervisor.settings import SupervisorSettings
 from supervisor.spec import BackendSpec
 from supervisor.states import TRANSITIONS, BackendState, check_transition
+from supervisor.template_check import ChatTemplateCheck, check_chat_template
 
 S = BackendState
 HOST = "127.0.0.1"
@@ -67,6 +69,7 @@ class Child:
         self._next_start_at: float | None = None
         self._draft_control: DraftControl | None = None
         self._draft_control_reason: str | None = None
+        self._chat_template: ChatTemplateCheck | None = None
 
     # --- read-only view (supervisor.backend.Backend) ---
     @property
@@ -139,6 +142,10 @@ class Child:
     def draft_control_reason(self) -> str | None:
         return self._draft_control_reason
 
+    @property
+    def chat_template(self) -> ChatTemplateCheck | None:
+        return self._chat_template
+
     def snapshot(self) -> dict[str, object]:
         uptime = self.uptime_s
         next_start = self._next_start_at
@@ -164,7 +171,16 @@ class Child:
             ),
             "draft_control": self._draft_control,
             "draft_control_reason": self._draft_control_reason,
+            "chat_template": None if self._chat_template is None else self._chat_template.as_json(),
+            "cause": self._cause(),
         }
+
+    def _cause(self) -> str | None:
+        """The last failure's known cause in plain words (supervisor.causes), if any."""
+        if self._last_error is None:
+            return None
+        cause = diagnose(self.last_log_lines, self._last_exit_code, self._last_error)
+        return None if cause is None else cause.words
 
     # --- control (Supervisor only) ---
     async def start(self, session: aiohttp.ClientSession) -> None:
@@ -205,7 +221,9 @@ class Child:
         self._state, self._reason = new, reason
         trouble = new in (S.UNHEALTHY, S.FAILED) or (new is S.STOPPED and old is not S.STOPPING)
         log = self._log.warning if trouble else self._log.info
-        log("state change", **{"from": str(old), "to": str(new)}, reason=reason)
+        # The ready line says what the backend was found to do (the probe and the template check).
+        found = self._found() if new is S.READY else {}
+        log("state change", **{"from": str(old), "to": str(new)}, reason=reason, **found)
         # Wake waiters with the current event, then arm a fresh one for the next change.
         self._changed.set()
         self._changed = asyncio.Event()
@@ -215,9 +233,34 @@ class Child:
             except Exception:
                 self._log.exception("on_change callback failed")
 
+    def _found(self) -> dict[str, str | None]:
+        check = self._chat_template
+        late_system = None if check is None else check.late_system
+        return {"draft_control": self._draft_control, "late_system": late_system}
+
     def _starting(self, reason: str) -> None:
         self._draft_control = self._draft_control_reason = None  # probed again once healthy
+        self._chat_template = None  # ... and checked again
         self._set_state(S.STARTING, reason)
+
+    async def _check_before_ready(self) -> None:
+        """What the proxy needs to know before it sends a request: draft control and template."""
+        await self._probe_draft_control()
+        await self._check_chat_template()
+
+    async def _check_chat_template(self) -> None:
+        """Before READY: does its chat template take a late system message? (template_check)"""
+        found = await check_chat_template(
+            self._http(), self._url(), timeout_s=self._settings.probe_timeout_s
+        )
+        self._chat_template = found
+        log = self._log.warning if found.reason.startswith("check failed") else self._log.info
+        log(
+            "template_checked",
+            late_system=found.late_system,
+            reason=found.reason,
+            seconds=found.seconds,
+        )
 
     async def _probe_draft_control(self) -> None:
         """Before READY: can a request set this backend's draft depth? (supervisor.draft_probe)"""
@@ -326,7 +369,7 @@ class Child:
             health = await check_health(self._http(), self._url(), settings.health_timeout_s)
             if health.ok and not proc.exited:
                 loaded = time.monotonic() - proc.started_at
-                await self._probe_draft_control()
+                await self._check_before_ready()
                 if proc.exited:
                     continue  # died while probed: reported at the top of the loop
                 self._last_error = None
@@ -361,7 +404,7 @@ class Child:
                 # unhealthy_after_s and detection would take one interval longer.
                 last_ok = began
                 if self._state is S.STARTING:  # a remote backend's first 200
-                    await self._probe_draft_control()
+                    await self._check_before_ready()
                 if self._state is not S.READY:
                     self._set_state(S.READY, "/health 200")
             else:

@@ -44,7 +44,8 @@ class SupervisorSettings(BaseModel):
     probe_timeout_s: float = Field(
         default=20.0,
         gt=0,
-        description="Seconds the draft-control probe may take before READY (two short requests).",
+        description="Seconds the draft-control probe may take before READY (two short "
+        "requests). The chat-template check (one or two /apply-template calls) gets as long.",
     )
     stop_timeout_s: float = Field(
         default=10.0, gt=0, description="Seconds from SIGTERM to SIGKILL when a backend stops."

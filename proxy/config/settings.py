@@ -277,6 +277,9 @@ class ModelSettings(BaseModel):
     def names(self) -> list[str]:
         return [self.name, *self.aliases]
 
+    def profile_names(self) -> list[str]:
+        return [p.name for p in self.profiles]
+
     def profile_depth(self, profile: ProfileSettings) -> int:
         """The per-request depth that plays a profile: 0 when it does not draft, else n_max."""
         draft = profile.draft()
@@ -446,8 +449,13 @@ class LogSettings(BaseModel):
     )
 
 
+SystemTurnsSetting = Literal["auto", "on", "off"]
+"""When system/developer messages that are not first get rewritten (proxy.compat.system_turns)."""
+
+
 class CompatSettings(BaseModel):
-    """What the proxy adds to llama-server's answers so that strict clients accept them."""
+    """What the proxy mends in requests and answers so that clients get from llama-server what
+    they asked for (docs/api.md, "What the proxy mends")."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -456,6 +464,80 @@ class CompatSettings(BaseModel):
         description="Add sequence_number, output_index and content_index to /v1/responses "
         "stream events, which llama-server omits. The openai SDK's responses.stream() and the "
         "AI SDK need them; other APIs' bytes are never changed.",
+    )
+    system_turns: SystemTurnsSetting = Field(
+        default="auto",
+        description="Rewrite system/developer messages that are not first: auto where the "
+        "template check says refused. auto: for backends whose chat template refuses them "
+        "(Qwen3.5/3.6), on: for every backend, off: never. The leading ones are merged into "
+        "one; each later one becomes, where it stands, a user message wrapped in "
+        "system-reminder tags, so every earlier prompt byte (and the prefix cache) stays. on "
+        "also keeps the cache of a template that hoists them (DeepSeek V3.1); other backends "
+        "get the client's bytes.",
+    )
+    responses_input_items: bool = Field(
+        default=True,
+        description="Type /v1/responses input items that have a role but no type, and drop "
+        "empty reasoning items. llama-server answers both 400 (the AI SDK's second turn: "
+        "opencode, Kilo Code).",
+    )
+    structured_output: bool = Field(
+        default=True,
+        description="Never ignore a structured-output request silently. /v1/responses "
+        "text.format (json_schema, json_object) becomes the top-level response_format that "
+        "llama-server enforces; /v1/messages output_config.format, which llama-server drops, "
+        "gets a 400 naming the field. Off: both are forwarded as sent (and ignored).",
+    )
+    codex_additional_tools: bool = Field(
+        default=True,
+        description="Move Codex's additional_tools input item into the request's tools. "
+        "Codex sends it under its default model name; the answer's calls of its custom and "
+        "namespaced tools go back as the calls Codex dispatches. Off: llama-server answers "
+        "such requests 400.",
+    )
+    context_overflow_errors: bool = Field(
+        default=True,
+        description="Answer llama-server's context-overflow 400 in each API's canonical form. "
+        "Anthropic's \"prompt is too long: N tokens > M maximum\", OpenAI's "
+        "context_length_exceeded: Claude Code then compacts, Codex says it ran out of room.",
+    )
+    session_prefix: bool = Field(
+        default=True,
+        description="Make the per-session digits of Claude Code's billing header constant. "
+        "It is the first system line, so a new session in the same directory then reuses the "
+        "prefix cache of the last one instead of prefilling the ~40k-token agent prompt again.",
+    )
+
+
+class UiSettings(BaseModel):
+    """The live page at /ui/ and what the proxy keeps for it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        default=True,
+        description="Serve the live page at /ui/. It shows data only with server.admin_key: "
+        "open http://HOST:PORT/ui/#key=ADMIN_KEY (the key stays in the fragment).",
+    )
+    recent_requests: int = Field(
+        default=500,
+        ge=1,
+        le=100_000,
+        description="Finished requests kept for the live page and GET /admin/requests, a ring: "
+        "the oldest goes first. Each takes about 0.5 kB.",
+    )
+    chart_window_s: int = Field(
+        default=900,
+        ge=60,
+        le=86_400,
+        description="Seconds of decode speed and acceptance per depth kept for the live page's "
+        "chart.",
+    )
+    chart_step_s: int = Field(
+        default=10,
+        ge=1,
+        le=600,
+        description="Seconds one point of that chart sums up.",
     )
 
 
@@ -492,8 +574,12 @@ class Settings(BaseSettings):
     )
     compat: CompatSettings = Field(
         default=CompatSettings(),
-        description="What the proxy adds to llama-server's answers so that strict clients "
-        "accept them.",
+        description="What the proxy mends in requests and answers so that clients get from "
+        "llama-server what they asked for.",
+    )
+    ui: UiSettings = Field(
+        default=UiSettings(),
+        description="The live page at /ui/ and what the proxy keeps for it.",
     )
 
     @classmethod

@@ -3,7 +3,8 @@
 Generation requests write a rich line of their own (route, tokens, timings); everything else (a
 404, a 405, a HEAD, /v1/models, /health, a forwarded /tokenize) gets one here, with the same
 fields: method, path with its query, user agent, status, duration. So the log shows what every
-client calls, including what the proxy does not serve.
+client calls, including what the proxy does not serve; the polls of /health and /metrics at
+debug level.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from proxy.state import STATE
 
 LOG_FIELDS = "mtp_proxy.log_fields"
 """Request key: extra fields for the line (e.g. the model and backend a forwarded call used)."""
+POLLED_PATHS = frozenset({"/health", "/v1/health", "/metrics"})
+"""Paths that monitors poll (systemd-style health checks, Prometheus every 15 s: thousands of
+lines a day): their lines are debug, not info."""
 
 
 @web.middleware
@@ -44,9 +48,11 @@ async def access_log_middleware(request: web.Request, handler: Handler) -> web.S
 def _defer_line(request: web.Request, status: int, elapsed: float) -> None:
     fields = request.get(LOG_FIELDS) or {}
 
+    polled = request.path in POLLED_PATHS
+
     def record() -> None:
-        request_logger(request, fields.pop("api", None)).info(
-            "request", status=status, duration_s=round(elapsed, 4), **fields
-        )
+        logger = request_logger(request, fields.pop("api", None))
+        write = logger.debug if polled else logger.info
+        write("request", status=status, duration_s=round(elapsed, 4), **fields)
 
     request.app[STATE].bookkeeping.defer(record)

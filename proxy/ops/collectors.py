@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, get_args
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from proxy.routing.now import busy_epochs
 from supervisor.draft_probe import DraftControl
 from supervisor.states import BackendState
+from supervisor.template_check import LateSystem
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -31,6 +33,8 @@ class BackendsCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._backend_metrics()
         yield self._draft_control_metric()
+        yield self._busy_depth_metric()
+        yield self._late_system_metric()
         yield from self._queue_metrics()
         yield from self._learned_metrics()
 
@@ -89,12 +93,41 @@ class BackendsCollector(Collector):
             "speculative.n_max), "
             "ignored (it does not, or the probe failed) or none (no speculation); all 0 until "
             "probed.",
-            labels=["backend", "control"],
+            labels=["backend", "model", "control"],
         )
         for name, backend in self._supervised().items():
             found = getattr(backend, "draft_control", None)
+            model = getattr(getattr(backend, "spec", None), "model", "")
             for control in get_args(DraftControl):
-                family.add_metric([name, control], 1.0 if found == control else 0.0)
+                family.add_metric([name, model, control], 1.0 if found == control else 0.0)
+        return family
+
+    def _busy_depth_metric(self) -> Metric:
+        family = GaugeMetricFamily(
+            "mtp_proxy_backend_busy_depth",
+            "The draft depth a one-process backend runs every request admitted beside others "
+            "at now: its busy epoch's (proxy/routing/busy.py). No series until it was first busy.",
+            labels=["backend", "model"],
+        )
+        for epoch in busy_epochs(self._state.router).values():
+            family.add_metric([epoch.backend, epoch.model], epoch.depth)
+        return family
+
+    def _late_system_metric(self) -> Metric:
+        family = GaugeMetricFamily(
+            "mtp_proxy_backend_late_system",
+            "1 for what the chat-template check found a system message that is not first does: "
+            "in-place, hoisted (moved to the front), refused (the proxy rewrites such messages "
+            "under [compat] system_turns auto) or unknown; all 0 until checked.",
+            labels=["backend", "model", "profile", "late_system"],
+        )
+        for name, backend in self._supervised().items():
+            check = getattr(backend, "chat_template", None)
+            found = getattr(check, "late_system", None)
+            spec = getattr(backend, "spec", None)
+            values = [name, getattr(spec, "model", ""), getattr(spec, "profile", "")]
+            for late_system in get_args(LateSystem):
+                family.add_metric([*values, late_system], 1.0 if found == late_system else 0.0)
         return family
 
     def _supervised(self) -> dict[str, object]:

@@ -3,7 +3,8 @@
 Everything goes through one processor chain, including what the standard library's loggers say
 (aiohttp, asyncio), so the journal holds nothing but JSON lines. The chain redacts secrets and
 gives the per-request line (event "request") the same fields every time, so one `jq` filter reads
-them all: a field the request did not get to (a refused request has no profile) is null.
+them all: a field the request did not get to (a refused request has no profile) is null. The
+console rendering (a terminal) leaves such empty fields out.
 """
 
 from __future__ import annotations
@@ -145,6 +146,14 @@ def canonical_request(
     return ordered
 
 
+def drop_empty(
+    _logger: Any, _method: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """For the console only: leave out the fields that are None (a request line's ~20 fields
+    the request never got to). JSON keeps them: one jq filter reads every line."""
+    return {key: value for key, value in event.items() if value is not None}
+
+
 def configure_logging(
     level: str = "info",
     fmt: str = "auto",
@@ -155,9 +164,10 @@ def configure_logging(
     """Set up structlog and the standard library's logging to write to `stream` (stdout)."""
     out = stream if stream is not None else sys.stdout
     on_tty = out.isatty()
+    console = fmt == "console" or (fmt == "auto" and on_tty)
     renderer: Processor = (
         structlog.dev.ConsoleRenderer(colors=on_tty)
-        if fmt == "console" or (fmt == "auto" and on_tty)
+        if console
         else structlog.processors.JSONRenderer(serializer=_orjson_text)
     )
     shared: list[Processor] = [
@@ -167,6 +177,8 @@ def configure_logging(
         Redactor(secrets),
         canonical_request,
     ]
+    if console:
+        shared.append(drop_empty)
     number: int = logging.getLevelNamesMapping()[level.upper()]
     structlog.configure(
         processors=[*shared, renderer],

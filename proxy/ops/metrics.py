@@ -65,28 +65,28 @@ class ProxyMetrics:
         )
         self.decode_speed = Histogram(
             p + "decode_tokens_per_second",
-            "Decode speed per request, by profile and request class.",
-            ["profile", "request_class"],
+            "Decode speed per request, by model, profile and request class.",
+            ["model", "profile", "request_class"],
             buckets=_SPEED_BUCKETS,
             registry=registry,
         )
         self.acceptance = Histogram(
             p + "draft_acceptance_ratio",
-            "Draft acceptance per speculative request, by profile and request class.",
-            ["profile", "request_class"],
+            "Draft acceptance per speculative request, by model, profile and request class.",
+            ["model", "profile", "request_class"],
             buckets=_RATIO_BUCKETS,
             registry=registry,
         )
         self.draft_tokens = Counter(
             p + "draft_tokens",
             "Tokens drafted by the backends' MTP heads.",
-            ["profile", "request_class"],
+            ["model", "profile", "request_class"],
             registry=registry,
         )
         self.accepted_tokens = Counter(
             p + "draft_accepted_tokens",
             "Drafted tokens the model accepted.",
-            ["profile", "request_class"],
+            ["model", "profile", "request_class"],
             registry=registry,
         )
         self.context_tokens = Histogram(
@@ -153,12 +153,12 @@ class ProxyMetrics:
         if observation.output_tokens:
             self.output_tokens.labels(model, profile).inc(observation.output_tokens)
         if observation.decode_tok_s:
-            self.decode_speed.labels(profile, label).observe(observation.decode_tok_s)
+            self.decode_speed.labels(model, profile, label).observe(observation.decode_tok_s)
         drafted, accepted = observation.draft_n, observation.draft_n_accepted
         if drafted and accepted is not None:
-            self.draft_tokens.labels(profile, label).inc(drafted)
-            self.accepted_tokens.labels(profile, label).inc(accepted)
-            self.acceptance.labels(profile, label).observe(accepted / drafted)
+            self.draft_tokens.labels(model, profile, label).inc(drafted)
+            self.accepted_tokens.labels(model, profile, label).inc(accepted)
+            self.acceptance.labels(model, profile, label).observe(accepted / drafted)
         context = observation.context_tokens
         if context:
             self.context_tokens.labels(model, profile).observe(context)

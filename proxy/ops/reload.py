@@ -4,7 +4,11 @@ Only the models (and so the backends) change at a reload: unchanged backends kee
 ones start, removed ones drain and stop, and a changed one is replaced start-first, so a model
 never loses its last ready backend (`Supervisor.reload`). A FAILED backend is given another try.
 The listener, timeouts, supervisor timings and routing settings stay as the proxy started with
-them; a reload that changes them says so in the log. A configuration that does not validate is
+them; a reload that changes them says so in the log. Two things besides the models follow a
+reload, since they go with the profiles: the routing roles (``profile_off``, ``profile_min``,
+``profile_max`` name profiles, which a reload may rename), and the learned state when another
+writer replaced ``routing.state_file`` (``mtp-proxy tune --apply``; proxy.ops.learned_file): it
+is loaded in place of what the proxy had learned. A configuration that does not validate is
 logged and ignored: the running backends stay as they are.
 """
 
@@ -29,6 +33,8 @@ log = structlog.get_logger("proxy.reload")
 # Sections a reload does not apply (the server's host and port may come from the command line).
 _FIXED_SECTIONS = ("server", "log", "supervisor", "routing")
 _COMMAND_LINE_FIELDS = {"host", "port"}
+# Routing fields a reload applies: the roles name profiles, and a reload changes the profiles.
+ROLE_FIELDS = ("profile_off", "profile_min", "profile_max")
 
 
 class Reloader:
@@ -87,6 +93,8 @@ class Reloader:
             return
         _warn_fixed(state.settings, settings)
         sdnotify.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        _adopt_roles(state, settings)
+        await _adopt_learned_state(state)
         _adopt_models(state, settings, carried_plans(state, settings))
         before, wanted = await adopt_plans(state)
         sdnotify.notify("READY=1")
@@ -113,6 +121,29 @@ def carried_plans(state: ProxyState, settings: Settings) -> dict[str, ModelPlan]
         for model in settings.models
         if (name := model.name)
     }
+
+
+def _adopt_roles(state: ProxyState, settings: Settings) -> None:
+    """The routing roles of the new file (before the models: a renamed profile keeps its role)."""
+    roles = {name: getattr(settings.routing, name) for name in ROLE_FIELDS}
+    running = state.router.settings
+    if all(getattr(running, name) == value for name, value in roles.items()):
+        return
+    routing = running.model_copy(update=roles)
+    state.router.settings = routing
+    state.settings = state.settings.model_copy(update={"routing": routing})
+    log.info("routing_roles_reloaded", **roles)
+
+
+async def _adopt_learned_state(state: ProxyState) -> None:
+    """Load routing.state_file when another writer replaced it since the proxy's last save."""
+    learned_file = state.learned_file
+    if learned_file is None or not await asyncio.to_thread(learned_file.replaced):
+        return
+    state.bookkeeping.flush()  # what was still queued belongs to the statistics being replaced
+    stats = await asyncio.to_thread(learned_file.load, state.router.settings)
+    state.router.stats = stats
+    log.info("state_file_reloaded", path=str(learned_file.path), report=stats.load_report)
 
 
 def _adopt_models(state: ProxyState, settings: Settings, plans: dict[str, ModelPlan]) -> None:
@@ -143,7 +174,7 @@ def _load(path: Path) -> Settings | str:
 def _warn_fixed(running: Settings, new: Settings) -> None:
     changed = []
     for section in _FIXED_SECTIONS:
-        exclude = _COMMAND_LINE_FIELDS if section == "server" else None
+        exclude = {"server": _COMMAND_LINE_FIELDS, "routing": set(ROLE_FIELDS)}.get(section)
         old_value = getattr(running, section).model_dump(exclude=exclude)
         new_value = getattr(new, section).model_dump(exclude=exclude)
         if old_value != new_value:

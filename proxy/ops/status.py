@@ -1,15 +1,20 @@
-"""`mtp-proxy status`: backends, routing mix and learned table of a running proxy, as tables.
+"""`mtp-proxy status`: backends, the depth each process runs now, routing mix and learned table
+of a running proxy, as tables; `--watch` redraws them every few seconds.
 
-For the box without Grafana: it reads the admin endpoints (/admin/backends, /admin/routing) of a
-running proxy and prints what an operator asks first: is every backend up, where does the traffic
-go and why, and what has the proxy learned about each profile.
+For the box without Grafana: it reads the admin endpoints (/admin/backends, /admin/depths,
+/admin/routing) of a running proxy and prints what an operator asks first: is every backend up,
+which depth does each process run and why, where does the traffic go and why, and what has the
+proxy learned about each profile. The live page (/ui/) shows the same, and the requests.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -23,22 +28,63 @@ class StatusError(Exception):
     """The proxy could not be read; the message says why in an operator's words."""
 
 
-def print_status(url: str, admin_key: str | None) -> int:
+_CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
+
+
+def print_status(url: str, admin_key: str | None, watch: float | None = None) -> int:
+    """Print the tables once (exit 1 if the proxy cannot be read), or with ``watch`` redraw
+    them every ``watch`` seconds until Ctrl-C, saying what went wrong in their place meanwhile
+    (a proxy restarting comes back)."""
     key = admin_key or os.environ.get("MTP_PROXY_ADMIN_KEY")
+    if watch is None:
+        try:
+            print(read_status(url, key))
+        except StatusError as exc:
+            print(f"mtp-proxy status: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    clear = _CLEAR if sys.stdout.isatty() else ""
+    try:
+        while True:
+            try:
+                frame = read_status(url, key)
+            except StatusError as exc:
+                frame = f"mtp-proxy status: {exc}"
+            stamp = time.strftime("%H:%M:%S")
+            print(f"{clear}{frame}\n\n(every {watch:g} s, {stamp}; Ctrl-C to stop)", flush=True)
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+def watch_seconds(text: str) -> float:
+    """`--watch`'s value: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def read_status(url: str, key: str | None) -> str:
+    """The tables, as text; StatusError when the proxy cannot be read."""
     try:
         backends = _get(url, "/admin/backends", key)["backends"]
+        depths = _get(url, "/admin/depths", key)["backends"]
         routing = _get(url, "/admin/routing", key)
-    except StatusError as exc:
-        print(f"mtp-proxy status: {exc}", file=sys.stderr)
-        return 1
     except (KeyError, TypeError):
-        print(f"mtp-proxy status: {url} does not answer like mtp-proxy", file=sys.stderr)
-        return 1
-    print(render_status(url, backends, routing))
-    return 0
+        raise StatusError(f"{url} does not answer like mtp-proxy") from None
+    return render_status(url, backends, routing, depths)
 
 
-def render_status(url: str, backends: list[dict[str, Any]], routing: dict[str, Any]) -> str:
+def render_status(
+    url: str,
+    backends: list[dict[str, Any]],
+    routing: dict[str, Any],
+    depths: list[dict[str, Any]] | None = None,
+) -> str:
     ready = sum(1 for b in backends if b.get("state") == "ready")
     summary = (
         f"mtp-proxy at {url}: {ready}/{len(backends)} backends ready, "
@@ -50,6 +96,9 @@ def render_status(url: str, backends: list[dict[str, Any]], routing: dict[str, A
         "Backends",
         _backends_table(backends),
         "",
+        "Depth per process (now, and why)",
+        _depths_table(depths or []),
+        "",
         "Routing mix (decisions since start)",
         _mix_table(routing.get("mix", [])),
         "",
@@ -60,8 +109,8 @@ def render_status(url: str, backends: list[dict[str, Any]], routing: dict[str, A
 
 
 _BACKEND_COLUMNS = (
-    "backend", "profile", "state", "draft control", "pid", "restarts", "in-flight", "uptime",
-    "last error",
+    "backend", "profile", "state", "draft control", "late system", "pid", "restarts",
+    "in-flight", "uptime", "last error",
 )  # fmt: skip
 
 
@@ -74,15 +123,54 @@ def _backends_table(backends: list[dict[str, Any]]) -> str:
                 b.get("profile"),
                 b.get("state"),
                 b.get("draft_control"),
+                _late_system(b.get("chat_template")),
                 b.get("pid"),
                 b.get("restarts"),
                 _in_flight(b.get("in_flight"), b.get("slots")),
                 _seconds(b.get("uptime_s")),
-                _short(b.get("last_error")),
+                _short(b.get("cause") or b.get("last_error"), 60),
             ]
             for b in backends
         ],
     )
+
+
+def _depths_table(depths: list[dict[str, Any]]) -> str:
+    return _table(
+        ["backend", "depth now", "why", "busy epoch", "last request"],
+        [
+            [
+                d.get("name"),
+                _depth_now(d),
+                d.get("why"),
+                _epoch(d.get("busy")),
+                _last(d.get("last")),
+            ]
+            for d in depths
+        ],
+    )
+
+
+def _depth_now(row: dict[str, Any]) -> str:
+    depth = row.get("depth")
+    if isinstance(depth, int):
+        return str(depth)
+    return "mixed" if row.get("decoding") else "idle"
+
+
+def _epoch(busy: object) -> str | None:
+    if not isinstance(busy, dict):
+        return None
+    exploring = ", exploring" if busy.get("exploring") else ""
+    return f"{busy.get('profile')} (depth {busy.get('depth')}), {busy.get('left')} left{exploring}"
+
+
+def _last(last: object) -> str | None:
+    if not isinstance(last, dict):
+        return None
+    at = last.get("at")
+    when = f", {_seconds(time.time() - at)} ago" if isinstance(at, float) else ""
+    return f"{last.get('profile')} (depth {last.get('depth')}), {last.get('reason')}{when}"
 
 
 def _mix_table(mix: list[dict[str, Any]]) -> str:
@@ -159,6 +247,11 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     if not rows:
         lines.append("(none yet)")
     return "\n".join(lines)
+
+
+def _late_system(check: object) -> object:
+    """The chat-template check's verdict (supervisor.template_check), None until checked."""
+    return check.get("late_system") if isinstance(check, dict) else None
 
 
 def _in_flight(in_flight: object, slots: object) -> str:

@@ -15,6 +15,7 @@ Blocking (file stats, nvidia-smi with a timeout): run it before the event loop s
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +25,7 @@ from pathlib import Path
 from structlog.typing import FilteringBoundLogger
 
 from proxy.config.settings import DEFAULT_DRAFT_N_MAX, ModelSettings, ProfileSettings, Settings
+from proxy.plans.gguf import GgufError, GgufFacts, read_gguf
 from proxy.plans.plan import ModelPlan, plans_of, processes
 from supervisor.flags import CACHE_TYPE_K, CACHE_TYPE_V, CTX_SIZE, GPU_LAYERS, flag_value
 from supervisor.memory import (
@@ -170,7 +172,7 @@ def _estimate(
     args = [*model.args, *profile.args]
     if flag_value(args, GPU_LAYERS) == "0" or _gpus_hidden(profile.env):
         return None  # runs on the CPU
-    size = _file_size(model.model_path)
+    size = model_file_size(model.model_path)
     if size is None:
         warnings.append(f"backend {name}: model file {model.model_path} not found")
         return None
@@ -178,14 +180,24 @@ def _estimate(
     draft = profile.draft()
     n_max = 0 if draft.is_off else (draft.n_max or DEFAULT_DRAFT_N_MAX)
     kv_scale = _kv_bytes(args) / _F16
-    # Without the model's shape the estimate's KV terms assume f16; a quantized cache shrinks
-    # them all alike, as a shorter f16 context would.
-    need = estimate_vram_bytes(size, round(n_ctx * kv_scale), draft_n_max=n_max)
+    shape = gguf_shape(model.model_path)
+    # The estimate's KV terms assume f16; a quantized cache shrinks them all alike, as a
+    # shorter f16 context would. Without the GGUF's shape, a heuristic on the file size.
+    need = estimate_vram_bytes(
+        size,
+        round(n_ctx * kv_scale),
+        n_layers=shape.kv_layers() if shape else None,
+        n_embd=shape.embedding_length if shape else None,
+        n_embd_kv=shape.kv_width() if shape else None,
+        draft_n_max=n_max,
+    )
     detail = f"model {gib(size)}, {ctx_note}" + (f", draft n_max {n_max}" if n_max else "")
+    if shape is not None and shape.kv_layers() is not None and shape.kv_width() is not None:
+        detail += f", KV {shape.kv_layers()} layers x {shape.kv_width()} (from the GGUF)"
     if kv_scale != 1:
         detail += f", KV cache {kv_scale:.2g}x f16"
     if draft.draft_model is not None:
-        draft_size = _file_size(draft.draft_model)
+        draft_size = model_file_size(draft.draft_model)
         if draft_size is None:
             warnings.append(f"backend {name}: draft model {draft.draft_model} not found")
         else:
@@ -226,7 +238,26 @@ def _kv_bytes(args: Sequence[str]) -> float:
     return (_KV_TYPE_BYTES.get(k, _F16) + _KV_TYPE_BYTES.get(v, _F16)) / 2
 
 
-def _file_size(path_text: str) -> int | None:
+def gguf_shape(path_text: str) -> GgufFacts | None:
+    """The GGUF's metadata, for the KV shape; None when the file is not a readable GGUF."""
+    path = Path(path_text).expanduser()
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _cached_shape(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_shape(path: Path, _size: int, _mtime_ns: int) -> GgufFacts | None:
+    # Keyed by size and time too: a file replaced in place (a reload) is read again.
+    try:
+        return read_gguf(path)
+    except GgufError:
+        return None
+
+
+def model_file_size(path_text: str) -> int | None:
     """Size of a GGUF file; a split model (name-00001-of-00003.gguf) counts all its parts."""
     path = Path(path_text).expanduser()
     try:

@@ -12,6 +12,7 @@ Pure but for ``router`` (the state) and ``spec_counters`` (a /metrics read). In 
 - ``telemetry``: timings and usage read from an answer (stream or body) -> Observation.
 - ``spec_counters``: draft acceptance from a backend's /metrics, for APIs without timings.
 - ``stats``: decayed statistics per (model, class, profile, load level); the state file.
+- ``now``: read-only, for the live page and the metrics: the busy epoch each process is in.
 
 The settings: the ``[routing]`` section, RoutingSettings in ``proxy.config.routing``.
 """

@@ -14,7 +14,8 @@ from aiohttp import web
 from structlog.typing import FilteringBoundLogger
 
 from proxy.apis import CLIENT_CLOSED, DEPTH_KEY, Api, dialect_of
-from proxy.ops.request_log import LOGGED, request_logger
+from proxy.compat.request import Chained, RequestMends, Rewriter
+from proxy.ops.request_log import LOGGED, request_id, request_logger
 from proxy.routing.router import CLIENT_PROFILE, Route
 from proxy.routing.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
 from proxy.serving.admission import QueueRefused
@@ -50,9 +51,11 @@ class Exchange:
         raw: bytes,
         body: dict[str, Any],
         received: float,
+        mends: RequestMends,
     ) -> None:
         self.state, self.request, self.api, self.model = state, request, api, model
         self.raw, self.received = raw, received
+        self.mends = mends  # proxy.compat: the bytes each backend gets, the answer's rewrite
         self.dialect = dialect_of(api)
         self.features = state.router.features(api, model, body, request.headers)
         self.features_model = body.get("model")
@@ -202,7 +205,7 @@ class Exchange:
             self.request.headers, forward_auth=state.settings.server.forward_client_auth
         )
         url = upstream_url(backend.base_url, self.request.raw_path)
-        body = self.raw
+        body = self._mended(backend.name)
         if route.depth is not None and not self.own_depth:
             body = with_depth(body, route.depth)
         with state.backends.lease(backend, route.profile, prefill=self.features.stream) as lease:
@@ -219,6 +222,14 @@ class Exchange:
         done_at = time.perf_counter()
         state.bookkeeping.defer(lambda: self._record(route, relayed, sent_at, done_at, sequence))
         return out
+
+    def _mended(self, backend: str) -> bytes:
+        """The body for this backend (proxy.compat); one it cannot mend goes as it came."""
+        mends = self.mends
+        raw = mends.raw_for(backend)
+        if mends.unmended is not None and raw is self.raw:
+            self.log.warning("request_not_mended", backend=backend, reason=mends.unmended)
+        return raw
 
     async def _send(self, out: web.StreamResponse) -> None:
         """Write a complete answer now: the bookkeeping (telemetry, metrics, the log line) is
@@ -243,9 +254,12 @@ class Exchange:
         if is_event_stream(response):
             self.sink = self.state.router.stream_telemetry(self.api)
             self.relayed = Relayed(status=response.status, streamed=True)
-            indexer = None
+            indexer: Rewriter | None = None
             if self.api == "responses" and self.state.settings.compat.responses_stream_indices:
                 indexer = ResponsesEventIndexer(self._requested_model())
+            mend = self.mends.stream_rewriter()  # before the indexer: it drops events
+            if mend is not None:
+                indexer = Chained(mend, indexer) if indexer is not None else mend
             return await relay_stream(
                 self.request,
                 response,
@@ -257,7 +271,18 @@ class Exchange:
                 rewriter=indexer,
                 first_chunk=first_chunk,
             )
-        return await relay_body(self.request, response, extra, timeouts)
+        out, relayed = await relay_body(self.request, response, extra, timeouts)
+        if self.mends.tools and response.status == 200:
+            self._mend_answer(out)
+        return out, relayed
+
+    def _mend_answer(self, out: web.StreamResponse) -> None:
+        """Rewrite a complete answer as the client expects it (proxy.compat). Only one still
+        held whole can be: a large one was relayed as it came, never held (Hardening III)."""
+        if isinstance(out, web.Response) and isinstance(out.body, bytes) and not out.prepared:
+            out.body = self.mends.answer_body(out.body)
+        else:
+            self.log.warning("answer_not_mended", reason="too large: relayed as it came")
 
     def _requested_model(self) -> str:
         named = self.features_model
@@ -365,8 +390,11 @@ class Exchange:
             upstream_error=relayed.upstream_error,
             est_prompt_tokens=self.features.est_prompt_tokens,
             kind=self.features.kind,
+            **({"mended": self.mends.applied} if self.mends.applied else {}),
             **fields,
         )
+        output = None if observation is not None else usage.output_tokens or usage.predicted_n
+        self._keep(relayed.status, elapsed, route, observation, relayed.streamed, output)
 
     def _abandoned(self) -> None:
         """The request still gets its count and log line, with where it went if it got that far."""
@@ -397,8 +425,36 @@ class Exchange:
                 duration_s=round(elapsed, 4),
                 error=message,
             )
+            self._keep(CLIENT_CLOSED, elapsed, route, stream=stream, error=message)
 
         self.state.bookkeeping.defer(record)
+
+    def _keep(
+        self,
+        status: int,
+        elapsed: float,
+        route: Route | None = None,
+        observation: Observation | None = None,
+        stream: bool = False,
+        output_tokens: int | None = None,
+        *,
+        error: str | None = None,
+    ) -> None:
+        """The request among the live page's recent requests (proxy.ops.recent)."""
+        self.state.recent.record(
+            request_id(self.request),
+            self.api,
+            self.model,
+            status,
+            elapsed,
+            stream,
+            route,
+            observation,
+            session_key=self.features.session_key,
+            own_depth=self.own_depth,
+            output_tokens=output_tokens,
+            error=error,
+        )
 
     def _where(self, route: Route) -> dict[str, str]:
         return {
@@ -415,6 +471,7 @@ class Exchange:
         def record() -> None:
             self.state.metrics.record_unrouted(self.api, status, elapsed, model=self.model)
             self.log.info("request", model=self.model, api=self.api, status=status, error=message)
+            self._keep(status, elapsed, error=message)
 
         self.state.bookkeeping.defer(record)
 

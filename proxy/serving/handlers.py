@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -17,7 +17,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.apis import Api, dialect_of
-from proxy.ops.request_log import LOGGED, request_logger
+from proxy.compat.request import RequestMends
+from proxy.config.settings import Settings
+from proxy.ops.request_log import LOGGED, request_id, request_logger
 from proxy.serving.body import BodyLimits, BodyRefused, read_body
 from proxy.serving.errors import error_response
 from proxy.serving.exchange import Exchange
@@ -60,10 +62,32 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
     if model is None:
         message = unknown_model_message(body.get("model"))
         return refuse(request, api, 404, message, received, code="model_not_found")
-    if request.path == "/infill":
+    pin_problem = unknown_pin(state.settings, model, request.headers)
+    if pin_problem is not None:
+        return refuse(request, api, 400, pin_problem, received, code="unknown_profile")
+    mends = RequestMends(state.settings.compat, api, raw, body, state.late_system.get)
+    if mends.refusal is not None:  # a field llama-server would silently drop (proxy.compat)
+        return refuse(request, api, 400, mends.refusal, received)
+    if request.path == "/infill":  # the router's view only: the mends saw the client's body
         body = infill_as_completion(body)
-    exchange = Exchange(state, request, api, model, raw, body, received)
+    exchange = Exchange(state, request, api, model, raw, body, received, mends)
     return await exchange.run()
+
+
+def unknown_pin(settings: Settings, model: str, headers: Mapping[str, str]) -> str | None:
+    """The refusal of a pin header naming no profile of the model (a typo would otherwise be
+    routed as if unpinned, silently); None when there is no pin or it names one."""
+    routing = settings.routing
+    pin = headers.get(routing.pin_header)
+    if not pin:
+        return None
+    names = next((m.profile_names() for m in settings.models if m.name == model), [])
+    if routing.resolve_pin(pin) in names:
+        return None
+    return (
+        f"unknown profile {pin[:100]!r} in the {routing.pin_header} header: model {model} "
+        f"has the profiles {', '.join(names)}"
+    )
 
 
 async def answer_and_close(request: web.Request, response: web.Response) -> None:
@@ -96,6 +120,9 @@ def refuse(
         request_logger(request, api).info(
             "request", status=status, error=message, duration_s=round(elapsed, 4)
         )
+        if status != 401:  # the live page's recent requests: a client's, not anyone's
+            rid = request_id(request)
+            state.recent.record(rid, api, "none", status, elapsed, False, None, None, error=message)
 
     state.bookkeeping.defer(record)
     return error_response(dialect_of(api), status, message, code=code)

@@ -9,6 +9,7 @@ import structlog
 from aiohttp import web
 
 from proxy.apis import API_OF_PATH, Dialect, dialect_of_path
+from proxy.compat.overflow import canonical_overflow
 from proxy.serving.errors import error_response, reshaped_error_body
 from proxy.serving.handlers import Handler, answer_and_close, refuse
 from proxy.serving.passthrough import FORWARDED_POST
@@ -18,7 +19,10 @@ log = structlog.get_logger("proxy")
 
 # Paths any client may reach without a key: health checks and scrapes (the listener is loopback by
 # default; put /metrics behind the network, not behind a client key).
-OPEN_PATHS = frozenset({"/health", "/v1/health", "/metrics"})
+# The live page's files (/ui, /ui/...) hold no data: it reads /admin/* with the admin key.
+OPEN_PATHS = frozenset({"/health", "/v1/health", "/metrics", "/ui"})
+OPEN_PREFIXES = ("/ui/",)
+_OWN_KEY_PREFIXES = ("/admin/",)  # the admin key guards /admin/* itself
 _LINGER_BYTES = 64 * 1024  # refused bodies up to this size are read (and dropped) as usual
 # Forwarded answers whose errors get the called API's envelope, like the generation routes'.
 _RESHAPED_PATHS = frozenset(API_OF_PATH) | frozenset(FORWARDED_POST)
@@ -45,7 +49,11 @@ def key_matches(presented: str, keys: list[str]) -> bool:
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     received = time.perf_counter()
     keys = request.app[STATE].settings.server.api_keys
-    if not keys or request.path in OPEN_PATHS or request.path.startswith("/admin/"):
+    if (
+        not keys
+        or request.path in OPEN_PATHS
+        or request.path.startswith(OPEN_PREFIXES + _OWN_KEY_PREFIXES)
+    ):
         return await handler(request)
     presented = presented_key(request)
     if presented is None or not key_matches(presented, [k.get_secret_value() for k in keys]):
@@ -93,9 +101,27 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise ConnectionResetError("answer cut: internal error after it began") from None
         return error_response(dialect, 500, "internal error in mtp-proxy")
     reshape = request.path in _RESHAPED_PATHS
-    if response.status >= 400 and isinstance(response, web.Response) and reshape:
+    if response.status < 400 or not isinstance(response, web.Response) or not reshape:
+        return response
+    if not _canonical_overflow(request, response):
         _reshape_error(response, dialect)  # only relayed backend answers; /health keeps its own
     return response
+
+
+def _canonical_overflow(request: web.Request, response: web.Response) -> bool:
+    """A context overflow gets the canonical error of the API called (proxy.compat.overflow)."""
+    api = API_OF_PATH.get(request.path)
+    body = response.body
+    if response.status != 400 or api is None or not isinstance(body, bytes):
+        return False
+    if not request.app[STATE].settings.compat.context_overflow_errors:
+        return False
+    canonical = canonical_overflow(api, body)
+    if canonical is None:
+        return False
+    response.body = canonical
+    response.content_type = "application/json"
+    return True
 
 
 def _reshape_error(response: web.Response, dialect: Dialect) -> None:

@@ -28,6 +28,7 @@ import orjson
 from aiohttp import web
 
 from proxy.apis import Dialect, dialect_of_path
+from proxy.compat.request import counted_body
 from proxy.ops.access_log import LOG_FIELDS
 from proxy.ops.metrics import UNROUTED
 from proxy.serving.admission import QueueRefused
@@ -154,12 +155,14 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if model is None:
         return error_response(dialect, 404, unknown_model_message(named), code="model_not_found")
     request[LOG_FIELDS] = {"model": model}
-    if request.path in COMPUTED:
+    if request.path in COMPUTED:  # none counts tokens: their bodies go as they came
         return await _forward_computed(request, state, model, raw, dialect)
+    checked = state.late_system.get  # a token count is mended as its generation would be
     for backend in _candidates(state.backends.ready_of_model(model)):
         request[LOG_FIELDS]["backend"] = backend.name
+        body = counted_body(state.settings.compat, request.path, raw, backend.name, checked)
         try:
-            return await _relay(request, backend, raw)
+            return await _relay(request, backend, body)
         except UpstreamUnavailable:
             continue
     return _unavailable(dialect, model)

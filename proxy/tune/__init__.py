@@ -1,7 +1,9 @@
 """`mtp-proxy tune`: measure candidate draft settings on this machine, recommend profiles.
 
-grid (candidate settings) -> workload (what is replayed) -> runner/launch/measure (one process
-at a time, or depths per request) -> store (resumable results) -> analysis (the router's
-classes, median and spread) -> recommend (fewest profiles, seeded routing state) -> outputs,
-chart. The command line is in ``command``.
+grid (candidate settings) -> where to measure: through the running service (service, service_job,
+service_run) or on tune's own processes (guard, own_job, runner, launch) -> context (the
+server's real context) -> workload (what is replayed, sized to it) -> plan, estimate -> record,
+measure, failures -> store (resumable results) -> analysis (the router's classes, median and
+spread) -> recommend (fewest profiles, seeded routing state) -> summary, outputs, chart ->
+apply. The command line is in ``command``; the map of every module is in ``proxy/__init__.py``.
 """

@@ -21,10 +21,11 @@ from typing import Any
 
 from proxy.apis import API_OF_PATH
 from proxy.config.routing import RoutingSettings
-from proxy.routing.classes import RequestClass, classify
+from proxy.routing.classes import RequestClass, classify, load_level
 from proxy.routing.features import RequestFeatures, extract_features
 from proxy.routing.stats import TokenCalibrator
 from proxy.tune.grid import DraftSetting
+from proxy.tune.labels import class_order, split_level, with_level
 from proxy.tune.measure import Measurement
 from proxy.tune.workload import Workload
 
@@ -64,6 +65,7 @@ class Cell:
     goodput: Spread | None
     speedup: Spread | None  # over off, paired by repeat; None without an off measurement
     mode: str
+    level: int = 1  # load level: 1 alone, else the router's concurrency level it ran at
 
     def better_than(self, other: Cell) -> bool:
         """Faster beyond both spreads (never with a single repeat: no spread to judge)."""
@@ -81,21 +83,13 @@ class Table:
     """(setting, item, repeat) -> the router's class of that request."""
 
     def classes(self) -> list[str]:
-        return sorted({c.label for c in self.cells}, key=_class_order)
+        return sorted({c.label for c in self.cells}, key=class_order)
 
     def of_class(self, label: str) -> list[Cell]:
         return [c for c in self.cells if c.label == label]
 
     def cell(self, label: str, setting: DraftSetting) -> Cell | None:
         return next((c for c in self.of_class(label) if c.setting == setting), None)
-
-
-def _class_order(label: str) -> tuple[int, str]:
-    bucket, _, kind = label.partition("/")
-    if bucket.startswith("<"):
-        return (0, kind)
-    digits = "".join(ch for ch in bucket.split("-")[0] if ch.isdigit())
-    return (int(digits or 0) + 1, kind)
 
 
 def analyse(
@@ -123,15 +117,11 @@ def analyse(
     for m in kept:
         cls = classify(_features(items[m.item].path, sent[id(m)], model, cpt), routing)
         table.classes_of[(m.setting, m.item, m.repeat)] = cls
-        groups[(m.setting, cls.label)][m.repeat].append(m)
-    off_by_repeat = {
-        (label, r): _combined(ms)[0]
-        for (name, label), by_repeat in groups.items()
-        if name == "off"
-        for r, ms in by_repeat.items()
-    }
+        level = 1 if m.alone else load_level(1 + (m.others or 0.0), routing)
+        groups[(m.setting, with_level(cls.label, level))][m.repeat].append(m)
+    off = {label: by_repeat for (name, label), by_repeat in groups.items() if name == "off"}
     for (name, label), by_repeat in sorted(groups.items()):
-        cell = _cell(settings[name], label, by_repeat, off_by_repeat)
+        cell = _cell(settings[name], label, by_repeat, off.get(label, {}))
         if cell is not None:
             table.cells.append(cell)
     return table
@@ -166,21 +156,32 @@ def _combined(
     return tok_s, acceptance, prefill, goodput
 
 
+def paired_ratios(
+    by_repeat: Mapping[int, list[Measurement]], off: Mapping[int, list[Measurement]]
+) -> list[float]:
+    """Per repeat, decode tok/s over off's on the requests both answered in that repeat."""
+    ratios = []
+    for r, ms in by_repeat.items():
+        theirs = {m.item: m for m in off.get(r, [])}
+        common = [m for m in ms if m.item in theirs]
+        mine = _combined(common)[0]
+        base = _combined([theirs[m.item] for m in common])[0]
+        if mine is not None and base:
+            ratios.append(mine / base)
+    return ratios
+
+
 def _cell(
     setting: DraftSetting,
     label: str,
     by_repeat: Mapping[int, list[Measurement]],
-    off_by_repeat: Mapping[tuple[str, int], float | None],
+    off: Mapping[int, list[Measurement]],
 ) -> Cell | None:
     combined = {r: _combined(ms) for r, ms in by_repeat.items()}
     tok_s = Spread.of(v[0] for v in combined.values() if v[0] is not None)
     if tok_s is None:
         return None
-    ratios = []
-    for r, v in combined.items():
-        off = off_by_repeat.get((label, r))
-        if v[0] is not None and off:
-            ratios.append(v[0] / off)
+    ratios = paired_ratios(by_repeat, off)
     modes = {m.mode for ms in by_repeat.values() for m in ms}
     return Cell(
         setting=setting,
@@ -193,4 +194,5 @@ def _cell(
         goodput=Spread.of(v[3] for v in combined.values() if v[3] is not None),
         speedup=Spread.of(ratios),
         mode="/".join(sorted(modes)),
+        level=split_level(label)[1],
     )

@@ -9,7 +9,8 @@ the clock plus the /metrics draft counters where it does not (Anthropic Messages
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import aiohttp
@@ -30,6 +31,11 @@ _UNCLASSIFIED = RequestClass("", "prose")  # the class is decided later, at anal
 class MeasureError(RuntimeError):
     """The backend did not answer the request with a usable response."""
 
+    def __init__(self, message: str, status: int | None = None, detail: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail or message
+
 
 @dataclass(frozen=True)
 class Measurement:
@@ -39,7 +45,7 @@ class Measurement:
     item: str  # WorkItem.id
     repeat: int
     tag: str  # the marker line the prompt was sent with (see WorkItem.request)
-    mode: str  # "per-process" or "per-request"
+    mode: str  # "per-process", "per-request" or "service" (through the running proxy)
     context_tokens: int | None
     cached_tokens: int | None
     output_tokens: int
@@ -48,10 +54,23 @@ class Measurement:
     total_s: float | None
     draft_n: int | None
     draft_n_accepted: int | None
+    others: float | None = None
+    """Other requests decoding on the same process meanwhile (mean of the samples taken while
+    it ran, through the service's /admin/backends); None: tune's own process, nothing else."""
+    backend: str | None = None
 
     @classmethod
     def of(
-        cls, obs: Observation, *, setting: str, item: str, repeat: int, tag: str, mode: str
+        cls,
+        obs: Observation,
+        *,
+        setting: str,
+        item: str,
+        repeat: int,
+        tag: str,
+        mode: str,
+        others: float | None = None,
+        backend: str | None = None,
     ) -> Measurement:
         return cls(
             setting=setting,
@@ -67,6 +86,8 @@ class Measurement:
             total_s=obs.total_s,
             draft_n=obs.draft_n,
             draft_n_accepted=obs.draft_n_accepted,
+            others=others,
+            backend=backend,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -74,7 +95,13 @@ class Measurement:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Measurement:
-        return cls(**data)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def alone(self) -> bool:
+        """Nothing else decoded on its process (to within half a request on average)."""
+        return self.others is None or self.others < 0.5
 
     def observation(self, request_class: RequestClass, profile: str) -> Observation:
         """Back into the router's form, to seed its learned statistics."""
@@ -101,6 +128,15 @@ class Measurement:
         return self.output_tokens / self.decode_tok_s
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One measured request: what the router would observe, and which backend served it (the
+    proxy's X-MTP-Backend; None straight from a llama-server)."""
+
+    observation: Observation
+    backend: str | None
+
+
 async def measure(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -109,21 +145,30 @@ async def measure(
     *,
     clock_scale: float,
     depth: int | None,
-) -> Observation:
+    headers: Mapping[str, str] | None = None,
+    started: Callable[[str | None], None] | None = None,
+) -> Answer:
     """Send one request; what the router would observe of it (its class left blank).
-    ``depth`` sets the per-request draft depth field; None leaves it out."""
+    ``depth`` sets the per-request draft depth field; None leaves it out. ``started`` is called
+    with the serving backend's name once the answer's headers arrived (the request is in flight
+    there from then on)."""
     api = API_OF_PATH.get(path)
     if api is None:
         raise MeasureError(f"unsupported path {path}")
     if depth is not None:
         body = {**body, DEPTH_KEY: depth}
-    before = await read_spec_counters(session, base_url) if api == "messages" else None
+    # /metrics draft counters: straight from a llama-server only (the proxy has its own).
+    counted = api == "messages" and headers is None
+    before = await read_spec_counters(session, base_url) if counted else None
     sink = StreamTelemetry(api)
     sent = time.monotonic()
-    async with session.post(base_url + path, json=body) as resp:
+    async with session.post(base_url + path, json=body, headers=headers) as resp:
         if resp.status != 200:
             detail = (await resp.text())[:300]
-            raise MeasureError(f"{path} answered {resp.status}: {detail}")
+            raise MeasureError(f"{path} answered {resp.status}: {detail}", resp.status, detail)
+        backend = resp.headers.get("X-MTP-Backend")
+        if started is not None:
+            started(backend)
         async for chunk in resp.content.iter_any():
             sink.feed(chunk, time.monotonic())
     done = time.monotonic()
@@ -146,7 +191,7 @@ async def measure(
     )
     if not obs.output_tokens:
         raise MeasureError(f"{path}: the answer reported no output tokens")
-    return obs
+    return Answer(obs, backend)
 
 
 def _scaled(usage: ParsedUsage, scale: float) -> ParsedUsage:

@@ -1,4 +1,11 @@
-"""Progress of a tune run: the estimate before it starts, a bar on a terminal, lines otherwise."""
+"""Progress of a tune run: a bar on a terminal, lines otherwise, and an estimate that learns.
+
+Each request comes with its planned seconds (``proxy.tune.estimate``, on the wall clock). The
+time left is the planned seconds still to go, scaled by how the run's measured time compares
+with the planned seconds of what it has done so far, plus the backend starts still to come at
+what a start took: a run whose long prompts prefill slower than the warm-up's corrects itself
+from its first long prompt on.
+"""
 
 from __future__ import annotations
 
@@ -21,23 +28,42 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress:
-    """Counts measured requests; the ETA follows the measured pace once there is one."""
+    """Counts measured requests; the time left follows the measured pace."""
 
-    def __init__(self, total: int, estimate_s: float, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        total: int,
+        planned_s: float,
+        stream: TextIO | None = None,
+        *,
+        starts: int = 0,
+        start_s: float = 0.0,
+    ) -> None:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.total = max(total, 1)
         self.done = 0
-        self.estimate_s = estimate_s
+        self.planned_s = planned_s  # wall seconds of the requests still to measure, at the start
+        self.planned_done = 0.0
+        self.starts_left = starts
+        self.start_s = start_s
+        self.starting_s = 0.0  # wall seconds spent starting backends, not measuring
         self.phase = ""
         self._started = time.monotonic()
         self._line_open = False
 
     def eta_s(self) -> float:
-        if self.done == 0:
-            return self.estimate_s
-        elapsed = time.monotonic() - self._started
-        return elapsed / self.done * (self.total - self.done)
+        left = max(self.planned_s - self.planned_done, 0.0)
+        measuring = time.monotonic() - self._started - self.starting_s
+        if self.planned_done > 0 and measuring > 0:
+            left *= measuring / self.planned_done
+        return left + self.starts_left * self.start_s
+
+    def started(self, seconds: float) -> None:
+        """A backend start is over; it took ``seconds``."""
+        self.starts_left = max(self.starts_left - 1, 0)
+        self.starting_s += seconds
+        self.start_s = seconds if self.start_s == 0 else (self.start_s + seconds) / 2
 
     def begin(self, phase: str) -> None:
         self.phase = phase
@@ -46,13 +72,19 @@ class Progress:
         else:
             self._line(f"tune: {phase}")
 
-    def tick(self, what: str) -> None:
+    def tick(self, what: str, planned_s: float = 0.0) -> None:
         self.done += 1
+        self.planned_done += planned_s
         if self.tty:
             self._draw()
         else:
             eta = format_duration(self.eta_s())
             self._line(f"tune: [{self.done}/{self.total}] {self.phase} {what} (left ~{eta})")
+
+    def skip(self, planned_s: float = 0.0) -> None:
+        """A request that will not be sent (its class is given up): the plan shrinks."""
+        self.total = max(self.total - 1, self.done, 1)
+        self.planned_s = max(self.planned_s - planned_s, 0.0)
 
     def note(self, text: str) -> None:
         """A message that must not be overwritten by the bar."""
@@ -65,7 +97,7 @@ class Progress:
             self._line_open = False
 
     def _draw(self) -> None:
-        filled = int(_BAR * self.done / self.total)
+        filled = int(_BAR * min(self.done, self.total) / self.total)
         bar = "#" * filled + "." * (_BAR - filled)
         eta = format_duration(self.eta_s())
         text = f"\r[{bar}] {self.done}/{self.total} {self.phase[:40]:<40} ~{eta} left "

@@ -1,4 +1,6 @@
-"""Replays the workload under each draft setting, one backend process at a time.
+"""Replays the workload under each draft setting on tune's own backend processes, one at a time.
+
+For a box whose service is stopped (through a running service: ``proxy.tune.service_run``).
 
 Per process (stock llama-server): each setting is its own process, started after the previous
 one stopped, so never more than one copy of the weights is in memory. Per request (a backend
@@ -8,13 +10,18 @@ one prompt are sent side by side, setting after setting. Settings that differ in
 p_min still need their own process (the per-request field is n_max only).
 
 In ``auto`` mode the draft-control probe of the supervisor decides (``Backend.draft_control``,
-supervisor.draft_probe): the first process of a group is started anyway; when it does not honour the
-field, the group's other settings get processes of their own.
+supervisor.draft_probe): the first process of a group is started anyway; when it does not honour
+the field, the group's other settings get processes of their own.
+
+The first process started also serves the run's preparation (``prepare``): its context and
+tokenizer size the workload, and a warm-up measures its speed for the estimate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -23,15 +30,16 @@ import aiohttp
 from proxy.config.settings import ModelSettings
 from proxy.tune.grid import DraftSetting
 from proxy.tune.launch import LaunchError, running
-from proxy.tune.measure import MeasureError, Measurement, measure
-from proxy.tune.progress import Progress
-from proxy.tune.store import ResultStore
-from proxy.tune.workload import WorkItem, Workload
+from proxy.tune.measure import Answer, measure
+from proxy.tune.record import Recorder
 from supervisor.child import Child
 from supervisor.settings import SupervisorSettings
 
 Mode = Literal["auto", "per-process", "per-request"]
-_REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=3600)
+REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=3600)
+Prepare = Callable[[Child, float], Awaitable[Recorder | None]]
+"""Called once the first process is ready (with the seconds its start took): returns the
+recorder of the run (workload sized, store checked), or None to stop before measuring."""
 
 
 @dataclass
@@ -46,44 +54,69 @@ class Group:
 class TuneRun:
     model: ModelSettings
     supervisor: SupervisorSettings
-    workload: Workload
-    repeats: int
-    store: ResultStore
-    progress: Progress
     mode: Mode = "auto"
     clock_scale: float = 1.0
-    modes_used: dict[str, str] = field(default_factory=dict)  # setting name -> mode
-    failures: list[str] = field(default_factory=list)
+    recorder: Recorder | None = None
+    launch_failures: list[str] = field(default_factory=list)
+    _grid: list[DraftSetting] = field(default_factory=list, init=False)
+    _later: list[Group] | None = field(default=None, init=False)
 
-    def pending(self, setting: DraftSetting) -> list[tuple[int, WorkItem]]:
-        """(repeat, item) pairs of a setting not measured yet, repeat by repeat."""
-        return [
-            (repeat, item)
-            for repeat in range(1, self.repeats + 1)
-            for item in self.workload.items
-            if not self.store.has(setting.name, item.id, repeat)
-        ]
-
-    async def run(self, grid: Sequence[DraftSetting]) -> None:
-        todo = [s for s in grid if self.pending(s)]
-        queue = plan_groups(todo, per_request=self.mode != "per-process")
+    async def run(self, grid: Sequence[DraftSetting], prepare: Prepare | None = None) -> None:
+        """Measure ``grid``; ``prepare`` runs on the first process before anything is measured
+        (without it, ``recorder`` must be set)."""
+        self._grid, self._later = list(grid), None
+        queue = self._queue()
         # A new connection per request: llama-server closes one after an early error answer
         # (a prompt over the context), and a kept-alive one would fail the next request.
         connector = aiohttp.TCPConnector(force_close=True)
         async with aiohttp.ClientSession(
-            connector=connector, timeout=_REQUEST_TIMEOUT, trust_env=False
+            connector=connector, timeout=REQUEST_TIMEOUT, trust_env=False
         ) as session:
             while queue:
                 group = queue.pop(0)
-                self.progress.begin(f"starting {group.launch.label}")
-                try:
-                    async with running(self.model, group.launch, self.supervisor, session) as child:
-                        rest = await self._measure_group(session, child, group)
-                except LaunchError as exc:
-                    self.failures.append(str(exc))
-                    self.progress.note(f"tune: skipped: {exc}")
-                    rest = [s for s in group.settings if s != group.launch]
+                rest = await self._group(session, group, prepare)
+                if self.recorder is None:
+                    return  # the preparation stopped the run
+                if self._later is not None:  # prepared: the plan of what is still to measure
+                    queue, self._later, prepare = self._later, None, None
                 queue[0:0] = [Group(s, [s]) for s in rest]
+
+    def _queue(self) -> list[Group]:
+        todo = [s for s in self._grid if self.pending(s)]
+        return plan_groups(todo, per_request=self.mode != "per-process")
+
+    def pending(self, setting: DraftSetting) -> bool:
+        return self.recorder is None or bool(self.recorder.pending(setting))
+
+    async def _group(
+        self, session: aiohttp.ClientSession, group: Group, prepare: Prepare | None
+    ) -> list[DraftSetting]:
+        """Start the group's process, measure what it can; the settings needing their own."""
+        if self.recorder is not None:
+            self.recorder.progress.begin(f"starting {group.launch.label}")
+        else:
+            print(f"tune: starting {group.launch.label}", file=sys.stderr, flush=True)
+        began = time.monotonic()
+        try:
+            async with running(self.model, group.launch, self.supervisor, session) as child:
+                took = time.monotonic() - began
+                if prepare is not None:
+                    self.recorder = await prepare(child, took)
+                    if self.recorder is None:
+                        return []
+                    # Once, before measuring: failed requests stay pending, and are not retried
+                    # on a process of their own later in the run.
+                    here = set(group.settings)
+                    self._later = [g for g in self._queue() if not set(g.settings) <= here]
+                else:
+                    assert self.recorder is not None
+                    self.recorder.progress.started(took)
+                return await self._measure_group(session, child, group)
+        except LaunchError as exc:
+            self.launch_failures.append(str(exc))
+            if self.recorder is not None:
+                self.recorder.progress.note(f"tune: skipped: {exc}")
+            return [s for s in group.settings if s != group.launch]
 
     async def _measure_group(
         self, session: aiohttp.ClientSession, child: Child, group: Group
@@ -93,72 +126,61 @@ class TuneRun:
         per_request = self.mode == "per-request" or (
             self.mode == "auto" and control == "per-request"
         )
+        todo = [s for s in group.settings if self.pending(s)]
         if per_request and len(group.settings) > 1:
-            await self._interleaved(session, child, group.settings)
+            await self._interleaved(session, child, todo)
             return []
-        await self._one_setting(session, child, group.launch)
-        return [s for s in group.settings if s != group.launch]
+        if group.launch in todo:
+            await self._one_setting(session, child, group.launch)
+        return [s for s in todo if s != group.launch]
 
     async def _one_setting(
         self, session: aiohttp.ClientSession, child: Child, setting: DraftSetting
     ) -> None:
-        self.modes_used[setting.name] = "per-process"
-        self.progress.begin(setting.label)
-        for repeat, item in self.pending(setting):
+        recorder = self.recorder
+        assert recorder is not None
+        recorder.progress.begin(setting.label)
+        for repeat, item in recorder.pending(setting):
             # The same tag for every setting: a paired comparison (same prompt, same answer).
-            await self._request(session, child, setting, item, repeat, f"tune {item.id}.{repeat}")
+            tag = f"tune {item.id}.{repeat}"
+            send = self._sender(session, child, item.path, item.request(tag), None)
+            await recorder.request(setting, item, repeat, tag, "per-process", send)
 
     async def _interleaved(
         self, session: aiohttp.ClientSession, child: Child, settings: list[DraftSetting]
     ) -> None:
-        for s in settings:
-            self.modes_used[s.name] = "per-request"
+        recorder = self.recorder
+        assert recorder is not None
         names = ", ".join(s.name for s in settings)
-        self.progress.begin(f"per request: {names}")
-        for repeat in range(1, self.repeats + 1):
-            for item in self.workload.items:
+        recorder.progress.begin(f"per request: {names}")
+        for repeat in range(1, recorder.repeats + 1):
+            for item in recorder.workload.items:
                 for s in settings:
-                    if self.store.has(s.name, item.id, repeat):
+                    if recorder.store.has(s.name, item.id, repeat):
                         continue
                     # One process keeps its prefix cache: each setting's prompt differs.
                     tag = f"tune {item.id}.{repeat} {s.name}"
-                    await self._request(session, child, s, item, repeat, tag, per_request=True)
+                    send = self._sender(session, child, item.path, item.request(tag), s.n_max or 0)
+                    await recorder.request(s, item, repeat, tag, "per-request", send)
 
-    async def _request(
+    def _sender(
         self,
         session: aiohttp.ClientSession,
         child: Child,
-        setting: DraftSetting,
-        item: WorkItem,
-        repeat: int,
-        tag: str,
-        *,
-        per_request: bool = False,
-    ) -> None:
+        path: str,
+        body: dict[str, object],
+        depth: int | None,
+    ) -> Callable[[], Awaitable[tuple[Answer, float | None]]]:
         base_url = child.base_url
         assert base_url is not None  # READY backends have a port
-        depth = (setting.n_max or 0) if per_request else None
-        try:
-            obs = await measure(
-                session,
-                base_url,
-                item.path,
-                item.request(tag),
-                clock_scale=self.clock_scale,
-                depth=depth,
+
+        async def send() -> tuple[Answer, float | None]:
+            answer = await measure(
+                session, base_url, path, body, clock_scale=self.clock_scale, depth=depth
             )
-        except (TimeoutError, MeasureError, aiohttp.ClientError) as exc:
-            self.failures.append(f"{setting.name} {item.id} r{repeat}: {exc}")
-            self.progress.note(f"tune: {setting.name} {item.id} repeat {repeat} failed: {exc}")
-            self.progress.tick("failed")
-            return
-        mode = "per-request" if per_request else "per-process"
-        m = Measurement.of(
-            obs, setting=setting.name, item=item.id, repeat=repeat, tag=tag, mode=mode
-        )
-        self.store.add(m)
-        speed = f"{m.decode_tok_s:.1f} tok/s" if m.decode_tok_s else "no decode speed"
-        self.progress.tick(f"{item.id} r{repeat}: {speed}")
+            return answer, None
+
+        return send
 
 
 def plan_groups(settings: Sequence[DraftSetting], *, per_request: bool) -> list[Group]:

@@ -1,6 +1,7 @@
 """Measured results on disk, per setting, so a rerun resumes and Ctrl-C loses nothing.
 
-    OUT/run.json                 what was measured: model, workload fingerprint, repeats
+    OUT/run.json                 what was measured: model, workload fingerprint, how (own
+                                 processes or the service), the server's context, the warm-up
     OUT/settings/<setting>.jsonl one measured request per line, appended as it is measured
 
 A rerun with the same model and workload skips every (setting, request, repeat) already in the
@@ -28,19 +29,40 @@ class ResultStore:
         self._dir = out / "settings"
         self._done: dict[str, dict[tuple[str, int], Measurement]] = {}
 
-    def open(self, meta: dict[str, Any]) -> None:
-        """Check OUT against this run (``meta``: model, workload) and load what is there."""
-        self._dir.mkdir(parents=True, exist_ok=True)
+    def previous(self) -> dict[str, Any] | None:
+        """run.json of an earlier run in OUT (None: none, or unreadable)."""
+        try:
+            return self._run_file()
+        except StoreError:
+            return None
+
+    def _run_file(self) -> dict[str, Any] | None:
+        """run.json read bounded: None if there is none, StoreError if it is not ours (a FIFO
+        there would block the reader, and then the writer, for ever)."""
         run_file = self.out / "run.json"
-        if run_file.exists():
-            old = _json_file(run_file)
-            for key in ("model", "workload"):
-                if old.get(key) != meta.get(key):
-                    raise StoreError(
-                        f"{self.out} holds results of another {key} ({old.get(key)!r}, now "
-                        f"{meta.get(key)!r}): choose another --out or remove it"
-                    )
-        run_file.write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
+        if not run_file.exists():
+            return None
+        return _json_file(run_file)
+
+    def check(self, meta: dict[str, Any]) -> None:
+        """StoreError when OUT holds results of another run: another model, workload, or way of
+        measuring (``meta`` may hold only some of these), or a run.json that is not ours."""
+        old = self._run_file()
+        if old is None:
+            return
+        for key in ("model", "workload", "via"):
+            if key in meta and old.get(key, meta[key]) != meta[key]:
+                raise StoreError(
+                    f"{self.out} holds results of another {key} ({old.get(key)!r}, now "
+                    f"{meta.get(key)!r}): choose another --out or remove it"
+                )
+
+    def open(self, meta: dict[str, Any]) -> None:
+        """Check OUT against this run (``meta``: model, workload, how it is measured), record
+        it, and load what is there."""
+        self.check(meta)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        (self.out / "run.json").write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
         for path in sorted(self._dir.glob("*.jsonl")):
             for m in _read_lines(path):
                 self._done.setdefault(m.setting, {})[(m.item, m.repeat)] = m

@@ -2,7 +2,9 @@
 
 The built-in workload covers what the published runs measured: a greeting, "write a simple
 game in Python", and code and prose at growing context lengths (one per context bucket of the
-router, up to the model's context), generated locally and deterministically.
+router, up to the model's context), generated locally and deterministically. Prompts are sized in
+the backend's own tokens (``proxy.tune.context``: its context per slot and its tokenizer's
+characters per token); a class whose prompt cannot fit that context is left out, and says why.
 
 Every request is sent with a short marker line at the start of its prompt (``tag``): the same
 prompt under two settings would otherwise be answered from the prefix cache, and the prefill
@@ -17,12 +19,18 @@ import itertools
 import json
 import math
 import random
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from proxy.routing.classes import bucket_labels
+from proxy.apis import API_OF_PATH
+from proxy.config.routing import RoutingSettings
+from proxy.routing.classes import bucket_labels, classify_tokens
+from proxy.routing.features import ContentKind, extract_features
 from proxy.tune import texts
+from proxy.tune.context import ServerContext
+from proxy.tune.labels import class_order
 from proxy.tune.trace import TraceError, read_trace
 
 CHAT = "/v1/chat/completions"
@@ -62,9 +70,37 @@ class WorkItem:
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """A request of the workload that cannot fit the server's context, and why."""
+
+    label: str  # the request class it would have measured
+    item: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"class": self.label, "item": self.item, "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class Workload:
     name: str
     items: tuple[WorkItem, ...]
+    classes: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """Item id -> the request class it is planned to measure (the analysis classifies again,
+    from what the answers report)."""
+    left_out: tuple[LeftOut, ...] = ()
+
+    def planned_classes(self) -> list[str]:
+        return sorted(set(self.classes.values()), key=class_order)
+
+    def left_out_classes(self) -> dict[str, str]:
+        """Classes none of whose requests fit -> the reason (one of its requests')."""
+        planned = set(self.classes.values())
+        out: dict[str, str] = {}
+        for left in self.left_out:
+            if left.label not in planned:
+                out.setdefault(left.label, left.reason)
+        return out
 
     def fingerprint(self) -> str:
         """Identifies the workload in saved results: a rerun on another one starts afresh."""
@@ -75,21 +111,98 @@ class Workload:
         return h.hexdigest()
 
 
-def builtin_workload(n_ctx: int, buckets: list[int], model: str) -> Workload:
-    """Greeting, a game in Python, then code and prose per context bucket up to ``n_ctx``."""
+_OUTPUTS: dict[ContentKind, int] = {"code": 512, "prose": 256}
+
+
+def builtin_workload(
+    n_ctx: int, buckets: list[int], model: str, *, server: ServerContext | None = None
+) -> Workload:
+    """Greeting, a game in Python, then code and prose per context bucket up to ``n_ctx`` (the
+    configured context). With the ``server``'s own context, a prompt is clipped to what one slot
+    holds, and left out (with the reason) when that no longer reaches its bucket."""
     items = [
         _chat("greeting", model, "Hi! How are you today?", 128),
         _chat("python-game", model, "Write a simple game in Python.", 512),
     ]
+    left: list[LeftOut] = []
     rng = random.Random(_SEED)
-    for tokens in context_targets(n_ctx, buckets, 512):
-        code = texts.code_file(rng, int(tokens * _CHARS_PER_TOKEN["code"]))
+    labels = bucket_labels(buckets)
+    ratios = {**_CHARS_PER_TOKEN, **(server.chars_per_token if server else {})}
+    for planned in context_targets(n_ctx, buckets, 512):
+        bucket = labels[sum(1 for b in buckets if b <= planned)]
+        for kind in ("code", "prose"):
+            lo = max([0, *(b for b in buckets if b <= planned)])
+            tokens = planned
+            if server is not None:
+                tokens = min(planned, server.n_ctx - _OUTPUTS[kind] - _HEADROOM)
+            if tokens <= lo * 1.02 or tokens <= 0:
+                assert server is not None  # the planned targets fit the configured context
+                reason = (
+                    f"needs over {max(lo, 1):,} prompt tokens + {_OUTPUTS[kind]} out; the "
+                    f"server's context is {server.n_ctx:,} tokens per slot"
+                )
+                left.append(LeftOut(f"{bucket}/{kind}", f"{kind}-{planned}", reason))
+                continue
+            items.append(_sized(kind, tokens, ratios[kind], rng, model))
+    return Workload("builtin", tuple(items), left_out=tuple(left))
+
+
+def _sized(
+    kind: str, tokens: int, chars_per_token: float, rng: random.Random, model: str
+) -> WorkItem:
+    chars = int(tokens * chars_per_token)
+    if kind == "code":
+        code = texts.code_file(rng, chars)
         ask = "Review this module: explain what it does and fix the bug in it."
-        items.append(_chat(f"code-{tokens}", model, f"```python\n{code}```\n\n{ask}", 512))
-        report = texts.prose(rng, int(tokens * _CHARS_PER_TOKEN["prose"]))
-        ask = "Summarize the main points of this report in a few paragraphs."
-        items.append(_chat(f"prose-{tokens}", model, f"Report\n\n{report}\n\n{ask}", 256))
-    return Workload("builtin", tuple(items))
+        return _chat(f"code-{tokens}", model, f"```python\n{code}```\n\n{ask}", _OUTPUTS["code"])
+    report = texts.prose(rng, chars)
+    ask = "Summarize the main points of this report in a few paragraphs."
+    return _chat(f"prose-{tokens}", model, f"Report\n\n{report}\n\n{ask}", _OUTPUTS["prose"])
+
+
+@dataclass(frozen=True)
+class Size:
+    """A request in the server's tokens (estimated from its characters per token)."""
+
+    kind: ContentKind
+    prompt_tokens: int
+    output_tokens: int
+
+
+def size_of(item: WorkItem, chars_per_token: Mapping[str, float]) -> Size:
+    """The router's features of the request as sent, with the tokenizer's ratio of its kind."""
+    body = item.request("tune 0.0")
+    api = API_OF_PATH[item.path]
+    kind = extract_features(
+        api, body, chars_per_token=1.0, session_header=None, pin_header=None
+    ).kind  # the content kind does not depend on the ratio; the token estimate does
+    ratio = {**_CHARS_PER_TOKEN, **chars_per_token}[kind]
+    f = extract_features(api, body, chars_per_token=ratio, session_header=None, pin_header=None)
+    return Size(kind, f.est_prompt_tokens, f.max_tokens or OUTPUT_CAP)
+
+
+def fit_workload(
+    workload: Workload, routing: RoutingSettings, server: ServerContext | None
+) -> Workload:
+    """Each request's planned class, in the server's tokens where known; a request whose prompt
+    and output cannot fit one slot's context is left out, with the reason."""
+    ratios = server.chars_per_token if server else {}
+    kept: list[WorkItem] = []
+    classes: dict[str, str] = {}
+    left = list(workload.left_out)
+    for item in workload.items:
+        size = size_of(item, ratios)
+        label = classify_tokens(size.prompt_tokens, size.kind, routing).label
+        if server is not None and size.prompt_tokens + size.output_tokens > server.n_ctx:
+            reason = (
+                f"needs ~{size.prompt_tokens:,} prompt tokens + {size.output_tokens} out; the "
+                f"server's context is {server.n_ctx:,} tokens per slot"
+            )
+            left.append(LeftOut(label, item.id, reason))
+            continue
+        kept.append(item)
+        classes[item.id] = label
+    return replace(workload, items=tuple(kept), classes=classes, left_out=tuple(left))
 
 
 def context_targets(n_ctx: int, buckets: list[int], output: int) -> list[int]:

@@ -1,7 +1,12 @@
-"""The real agent CLIs and both SDKs, run non-interactively against `mtp-proxy serve`, once on
-simulated backends and once on a real llama-server (a tiny random model: the answers are
-gibberish, which is fine). Each client must exit 0, and every generation request it made must
-be logged 200.
+"""The real agent CLIs and SDKs, run non-interactively against `mtp-proxy serve`, once on
+simulated backends and once on a real llama-server serving the real Qwen3.5 chat template (the
+README's target family: Qwen3.5 and Qwen3.6 GGUFs carry it) from the pinned llama.cpp sdist, on a
+tiny random model (the answers are gibberish, which is fine). Each client must exit 0, and every
+line the proxy logged for its session must say 200.
+
+The Qwen3.5 template opens a thinking block that the tiny model would never close; the server
+runs with `--reasoning-budget`, which closes it after a few tokens, so every answer carries
+reasoning and then text, as a real Qwen3.6 answer does.
 
 The clients are pinned in scripts/clients.lock and installed into .clients/ by
 scripts/install-clients.sh (which scripts/test.sh runs); a missing one fails, never skips. No
@@ -10,6 +15,11 @@ names and Codex's `gpt-*` ones, as the embedded default does. Each client runs i
 with its telemetry and update checks off, and with every proxy variable pointing at a closed
 loopback port, so that nothing but the proxy on loopback is reachable.
 
+Environment (optional): MTP_CLIENT_TEMPLATES, comma-separated sdist template names to run the
+real server with (default Qwen3.5-4B; e.g. "Qwen3.5-4B,google-gemma-4-31B-it"); MTP_CLIENT_RUNS,
+a file that gets one JSON line per client run (test, exit code, the proxy's statuses), which
+`python -m bench.client_table FILE` turns into the per-client, per-template table.
+
 Deselect them offline with `-m "not clients"`.
 """
 
@@ -17,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import urllib.error
 import urllib.request
@@ -29,6 +40,7 @@ import anthropic
 import openai
 import pytest
 
+from tests.support.chat_templates import QWEN35, template_args
 from tests.support.harness import ProxyProcess, proxy_config, running_proxy, simulator_model
 from tests.support.llama_pool import llama_model
 from tests.support.tinygguf import LlamaConfig, write_llama
@@ -43,6 +55,9 @@ KEY = "sk-local-test"
 RUN_TIMEOUT_S = 240.0
 LONG_CONTEXT = 131072  # two slots of 64k tokens
 DEAD_PROXY = "http://127.0.0.1:9"  # nothing listens: any non-loopback request fails at once
+TEMPLATES = [t for t in os.environ.get("MTP_CLIENT_TEMPLATES", QWEN35).split(",") if t]
+# Thinking tokens before llama-server closes the block (a real Qwen3.6 thinks, then answers).
+REASONING_BUDGET = 8
 
 
 def pins() -> dict[str, str]:
@@ -83,31 +98,34 @@ def _simulated(workdir: Path) -> dict[str, Any]:
     return config
 
 
-def _real(workdir: Path) -> dict[str, Any]:
+def _real(workdir: Path, template: str) -> dict[str, Any]:
     # The tiny llama model, trained (so to speak) for a context long enough for agent prompts:
     # llama-server caps -c at the model's context length.
     config = LlamaConfig(n_ctx=LONG_CONTEXT, name="tiny-llama-long")
     model_path = write_llama(workdir / "tiny-llama-long.gguf", config)
     # Room for Claude Code's system prompt and tools (~60k tokens of this byte-level vocabulary).
     # The tiny model never picks its end token (its LM-head row is zero), and Claude Code takes
-    # an answer cut at max_tokens for an error: a bias on the end token ends answers after tens
-    # of tokens (measured: 12-74 at +7), with stop_reason end_turn.
+    # an answer cut at max_tokens for an error: a bias on the end token (Qwen3.5's <|im_end|>)
+    # ends answers after tens of tokens, with stop_reason end_turn.
     eos = build_vocab(LlamaConfig().n_merges).special_ids[EOS_TOKEN]
     args = ["-c", str(LONG_CONTEXT), "-np", "2", "-t", "1", "--logit-bias", f"{eos}+7"]
+    args += [*template_args(template), "--reasoning-budget", str(REASONING_BUDGET)]
     model = llama_model(model_path, name="tiny", profiles=[{"name": "off"}], args=args)
     config = proxy_config([model])
     config["model_names"] = {"default": "tiny"}
     return config
 
 
-@pytest.fixture(scope="module", params=["simulator", "llama-server"])
+@pytest.fixture(scope="module", params=["simulator", *(f"llama-server-{t}" for t in TEMPLATES)])
 def target(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Target]:
-    workdir = tmp_path_factory.mktemp(f"clients-{request.param}")
-    config = _simulated(workdir) if request.param == "simulator" else _real(workdir)
+    name: str = request.param
+    workdir = tmp_path_factory.mktemp(f"clients-{name}")
+    template = name.removeprefix("llama-server-")
+    config = _simulated(workdir) if name == "simulator" else _real(workdir, template)
     with running_proxy(config, workdir) as proxy:
-        yield Target(request.param, proxy, config["models"][0]["name"])
+        yield Target(name, proxy, config["models"][0]["name"])
 
 
 # --- running a client and reading what the proxy logged --------------------------------------
@@ -166,7 +184,25 @@ def run_client(
     )
     flush(target.proxy)
     lines = [x for x in target.proxy.log_lines()[before:] if x.get("event") == "request"]
-    return Run(result, [x for x in lines if x["path"] != "/metrics"])
+    run = Run(result, [x for x in lines if x["path"] != "/metrics"])
+    record(target, run)
+    return run
+
+
+def record(target: Target, run: Run) -> None:
+    """One JSON line per client run into $MTP_CLIENT_RUNS, if set (bench/client_table.py)."""
+    path = os.environ.get("MTP_CLIENT_RUNS")
+    if not path:
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+    row = {
+        "test": test,
+        "target": target.name,
+        "exit": run.result.returncode,
+        "requests": [[x["method"], x["path"], x["status"]] for x in run.lines],
+    }
+    with open(path, "a") as out:
+        out.write(json.dumps(row) + "\n")
 
 
 def flush(proxy: ProxyProcess) -> None:
@@ -210,6 +246,25 @@ def test_claude_code_version_is_the_pinned_one() -> None:
     claude = client("node", "node_modules", ".bin", "claude")
     version = subprocess.run([claude, "--version"], capture_output=True, text=True, timeout=60)
     assert version.stdout.split()[0] == PINS["CLAUDE_CODE"]
+
+
+NPM_PINS = {
+    "@anthropic-ai/claude-code": "CLAUDE_CODE",
+    "@openai/codex": "CODEX",
+    "opencode-ai": "OPENCODE",
+    "@qwen-code/qwen-code": "QWEN_CODE",
+    "ai": "AI_SDK",
+    "@ai-sdk/openai": "AI_SDK_OPENAI",
+    "zod": "ZOD",
+}
+
+
+def test_npm_clients_are_the_pinned_versions() -> None:
+    for package, pin in NPM_PINS.items():
+        manifest = CLIENTS / "node" / "node_modules" / package / "package.json"
+        if not manifest.is_file():
+            pytest.fail(f"{package} is missing; {INSTALL_HINT}", pytrace=False)
+        assert json.loads(manifest.read_text())["version"] == PINS[pin], package
 
 
 def test_claude_code_print_mode(target: Target, tmp_path: Path) -> None:
@@ -257,6 +312,28 @@ def test_codex_exec_over_responses(target: Target, tmp_path: Path) -> None:
     assert all(x["output_tokens"] for x in generation), run.describe()  # complete, not 499
 
 
+def test_codex_exec_with_its_default_model(target: Target, tmp_path: Path) -> None:
+    """No model in the config: Codex picks its own current model and its request shape (four
+    leading developer items, the tools in an `additional_tools` input item)."""
+    codex = client("node", "node_modules", ".bin", "codex")
+    codex_home = tmp_path / "codex-home"
+    codex_home.mkdir(parents=True)
+    (codex_home / "config.toml").write_text(
+        'model_provider = "mtp"\n'
+        "[model_providers.mtp]\n"
+        'name = "mtp-proxy"\n'
+        f'base_url = "{target.proxy.url}/v1"\n'
+        'wire_api = "responses"\n'
+        'env_key = "MTP_PROXY_KEY"\n'
+    )
+    env = {"CODEX_HOME": str(codex_home), "MTP_PROXY_KEY": KEY}
+    argv = [codex, "exec", "--skip-git-repo-check", "say hi"]
+    run = run_client(target, argv, tmp_path, env)
+    generation = assert_served(run)
+    assert all(x["path"] == "/v1/responses" for x in generation), run.describe()
+    assert all(x["output_tokens"] for x in generation), run.describe()
+
+
 # --- opencode ---------------------------------------------------------------------------------
 
 OPENCODE_PROVIDERS = {
@@ -298,6 +375,59 @@ def test_opencode_run(target: Target, tmp_path: Path, provider: str) -> None:
     generation = assert_served(run, background_abandoned=True)
     assert {x["path"] for x in generation} == {path}, run.describe()
     assert "Error" not in run.result.stderr, run.describe()
+
+
+# --- Qwen Code -----------------------------------------------------------------------------------
+
+
+def test_qwen_code_prompt(target: Target, tmp_path: Path) -> None:
+    qwen = client("node", "node_modules", ".bin", "qwen")
+    settings = tmp_path / ".qwen" / "settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(
+        json.dumps(
+            {
+                "general": {"enableAutoUpdate": False},
+                "privacy": {"usageStatisticsEnabled": False},
+                "telemetry": {"enabled": False},
+            }
+        )
+    )
+    env = {
+        "OPENAI_API_KEY": KEY,
+        "OPENAI_BASE_URL": target.proxy.url + "/v1",
+        "OPENAI_MODEL": "agent-model",
+        "QWEN_USAGE_STATISTICS_ENABLED": "0",
+        "QWEN_TELEMETRY_ENABLED": "0",
+    }
+    run = run_client(target, [qwen, "-p", "say hi"], tmp_path, env)
+    generation = assert_served(run)
+    assert {x["path"] for x in generation} == {"/v1/chat/completions"}, run.describe()
+
+
+# --- the Vercel AI SDK (Responses provider) ------------------------------------------------------
+
+AISDK_SCRIPT = Path(__file__).with_name("aisdk_tool_turns.mjs")
+
+
+def test_vercel_ai_sdk_responses_tool_conversation(target: Target, tmp_path: Path) -> None:
+    node_modules = CLIENTS / "node" / "node_modules"
+    if not (node_modules / "ai" / "package.json").is_file():
+        pytest.fail(f"the Vercel AI SDK is missing; {INSTALL_HINT}", pytrace=False)
+    node = shutil.which("node")
+    assert node, INSTALL_HINT
+    # ESM imports resolve next to the script: run a copy beside a link to the pinned packages.
+    workdir = tmp_path / "aisdk"
+    workdir.mkdir(parents=True)
+    (workdir / "node_modules").symlink_to(node_modules)
+    script = workdir / AISDK_SCRIPT.name
+    shutil.copyfile(AISDK_SCRIPT, script)
+    run = run_client(target, [node, str(script), target.proxy.url + "/v1", KEY], tmp_path)
+    generation = assert_served(run)
+    assert [x["path"] for x in generation] == ["/v1/responses"] * 2, run.describe()
+    steps = json.loads(run.result.stdout.splitlines()[-1])
+    assert steps["first"]["finish"] in {"stop", "length"}, run.describe()
+    assert steps["second"]["finish"] in {"stop", "length"}, run.describe()
 
 
 # --- aider and llm (PyPI, each in its own venv) ------------------------------------------------
@@ -364,10 +494,13 @@ def test_anthropic_sdk_messages_stream_and_count_tokens(target: Target) -> None:
     messages: list[anthropic.types.MessageParam] = [{"role": "user", "content": "hi"}]
     made = sdk.messages.create(model="claude-haiku-4-5", max_tokens=16, messages=messages)
     assert made.usage.output_tokens > 0
-    with sdk.messages.stream(model="claude-haiku-4-5", max_tokens=16, messages=messages) as stream:
+    with sdk.messages.stream(model="claude-haiku-4-5", max_tokens=32, messages=messages) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
-    assert final.content and final.content[0].type == "text" and final.content[0].text == text
+    # On the Qwen3.5 template a thinking block comes first, then the text.
+    kinds = [block.type for block in final.content]
+    assert kinds in (["text"], ["thinking", "text"], ["thinking"]), kinds
+    assert "".join(b.text for b in final.content if b.type == "text") == text
     counted = sdk.messages.count_tokens(model="claude-haiku-4-5", messages=messages)
     assert counted.input_tokens > 0
 

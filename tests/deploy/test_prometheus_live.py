@@ -2,15 +2,18 @@
 
 Prometheus (Debian's `prometheus` package, scripts/install-tools.sh) runs with the shipped
 deploy/prometheus/prometheus.yml and alerts.yml: only the target (this proxy's port) and the
-intervals (1 s instead of 15 s, so the test takes seconds) are changed. The proxy serves two
-models: `mtp-demo` (simulated off/min/max plus `bad`, tests/support/misbehaving_backend.py,
-which fails on request) and `fragile` (the misbehaving backend alone, so its failures have no
-retry).
+intervals (1 s instead of 15 s, so the test takes seconds) are changed. The proxy serves three
+models: `mtp-demo` (a pool of simulated off/min/max plus `bad`,
+tests/support/misbehaving_backend.py, which fails on request), `fragile` (the misbehaving
+backend alone, so its failures have no retry) and `agent` (one simulated process, the depth per
+request: busy epochs, learned speeds per load level).
 
 Traffic over several scrapes: every API, stream or not, pinned to each profile and unpinned,
-client errors, a 502, a retried failure, a stream cut mid-way and a backend killed and restarted.
-Then every query of deploy/grafana/mtp-proxy.json, template variables at "All", is evaluated
-through /api/v1/query and must parse and return data; every alert rule must have been evaluated
+client errors, a 502, a retried failure, a stream cut mid-way, bursts of concurrent requests on
+the one process, a backend killed and restarted and one frozen past its health-check timeout.
+Then every query of deploy/grafana/mtp-proxy.json, template variables at "All" and at one model
+and profile, is evaluated through /api/v1/query and must parse and return data, or be listed in
+EMPTY_BY_DESIGN with the reason it shows nothing here; every alert rule must have been evaluated
 without error (/api/v1/rules).
 """
 
@@ -29,6 +32,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,12 +67,22 @@ ALL = ".*"
 # on a label its metric lacks still shows data at "All" (`.*` matches the empty string), not
 # once a value is picked.
 SELECTIONS = {"All": {"model": ALL, "profile": ALL}, "one": {"model": "mtp-demo", "profile": "max"}}
-# Panels that legitimately show nothing under this traffic, with the reason.
-EMPTY_BY_DESIGN: dict[tuple[str, str], str] = {
-    ("one", "Error ratio (5xx share)"): "mtp-demo had no 5xx: its failures were retried or "
-    "cut mid-stream (status 200); the 502s were fragile's",
+# Panel queries (selection, panel title, refId) that legitimately show nothing under this
+# traffic, with the reason.
+EMPTY_BY_DESIGN: dict[tuple[str, str, str], str] = {
+    ("one", "Error ratio (5xx share)", "A"): "mtp-demo had no 5xx: its failures were retried "
+    "or cut mid-stream (status 200); the 502s were fragile's",
+    ("All", "Restarts and crash loops", "B"): "no backend crash-looped (one kill, 5 needed)",
+    ("one", "Restarts and crash loops", "B"): "no backend crash-looped (one kill, 5 needed)",
+    ("one", "Depth each process runs now (busy epoch)", "A"): "mtp-demo is a pool: one depth "
+    "per process, no busy epochs (agent's are shown at All)",
+    ("one", "Health-check failures", "A"): "the backend frozen past its health check is "
+    "agent's, not mtp-demo's",
+    ("one", "Upstream retries and stream failures", "B"): "the streams cut mid-way were "
+    "profile bad's, not max's",
 }
 DRAFTING = {"min", "max"}
+AGENT = "agent"  # the one-process model
 SERVED = {"off", "min", "max"}
 
 
@@ -210,8 +224,14 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promethe
             "backend": "simulator",
             "profiles": [{"name": "bad", "url": bad_url}],
         }
+        agent = simulator_model(AGENT, draft_control="per-request", time_scale=50.0)
         routing = {"clock_scale": 50.0, "exploration_rate": 0.0, "cold_exploration_rate": 0.0}
-        config = proxy_config([demo, fragile], routing=routing, server={"first_byte_timeout_s": 2})
+        config = proxy_config(
+            [demo, fragile, agent],
+            routing=routing,
+            server={"first_byte_timeout_s": 2},
+            supervisor={"health_timeout_s": 0.5},
+        )
         with running_proxy(config, workdir / "proxy") as proxy:
             wait_all_ready(proxy)
             prometheus = start_prometheus(workdir, proxy.port)
@@ -264,19 +284,49 @@ def kill_and_wait_restarted(proxy: ProxyProcess, name: str) -> None:
     wait_until(f"{name} restarted", restarted)
 
 
+def freeze_past_a_health_check(proxy: ProxyProcess, name: str) -> None:
+    """SIGSTOP a backend until a health check of it failed (a hung llama-server), then let it
+    go on: a failure to count, well before it would be taken out of rotation."""
+    pid = backends(proxy)[name]["pid"]
+    before = backends(proxy)[name]["health_failures"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_until(
+            f"{name} failed a health check",
+            lambda: backends(proxy)[name]["health_failures"] > before,
+        )
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_until(f"{name} ready", lambda: backends(proxy)[name]["state"] == "ready")
+
+
+def agent_burst(proxy: ProxyProcess, size: int = 4) -> list[tuple[str, int]]:
+    """Requests decoding together on the one process: a busy epoch's depth, load levels."""
+    body = {**body_for("chat", stream=True), "model": AGENT, "max_tokens": 48}
+    with ThreadPoolExecutor(size) as pool:
+        sent = list(pool.map(lambda _: send(proxy.url, "chat", body), range(size)))
+    alone = [  # one after another: learned side by side, each depth at the same load level
+        send(proxy.url, "chat", {**body_for("chat", stream=False), "model": AGENT}, headers=pin)
+        for pin in ({}, {"X-MTP-Profile": "off"}, {"X-MTP-Profile": "max"})
+    ]
+    return [("agent", s.status) for s in [*sent, *alone]]
+
+
 def drive(proxy: ProxyProcess) -> None:
     statuses: dict[str, set[int]] = {}
     for i in range(ROUNDS):
         started = time.monotonic()
         if i == 1:  # a backend dies once: a restart to count, a state change to show
-            kill_and_wait_restarted(proxy, "mtp-demo/min")
-        for what, status in one_round(proxy):
+            kill_and_wait_restarted(proxy, "mtp-demo/max")
+        if i == 2:
+            freeze_past_a_health_check(proxy, f"{AGENT}/one-copy")
+        for what, status in [*one_round(proxy), *agent_burst(proxy)]:
             statuses.setdefault(what, set()).add(status)
         time.sleep(max(0.0, SCRAPE_S - (time.monotonic() - started)))
     # The mix is what it says: served, refused and failed as intended.
     assert statuses["unknown model"] == {404} and statuses["not JSON"] == {400}
     assert statuses["fragile, no retry"] == {502} and statuses["retried"] == {200}
-    assert statuses["cut mid-stream"] == {200}
+    assert statuses["cut mid-stream"] == {200} and statuses["agent"] == {200}
     assert {
         s
         for what, codes in statuses.items()
@@ -285,39 +335,51 @@ def drive(proxy: ProxyProcess) -> None:
     } == {200}
 
 
-def dashboard_queries(selection: str) -> list[tuple[str, str]]:
-    """(panel title, PromQL) of every panel target, variables expanded as Grafana would."""
+def dashboard_queries(selection: str) -> list[tuple[str, str, str]]:
+    """(panel title, refId, PromQL) of every panel target, variables expanded as Grafana would:
+    the query variables at the selection, a text box at its default."""
     dashboard = json.loads(DASHBOARD.read_text())
     variables = {v["name"]: v for v in dashboard["templating"]["list"] if v["type"] == "query"}
     assert set(variables) == set(SELECTIONS[selection])
     assert all(v["includeAll"] and v["allValue"] == ALL for v in variables.values())
+    values = dict(SELECTIONS[selection])
+    values.update(
+        (v["name"], v["query"]) for v in dashboard["templating"]["list"] if v["type"] == "textbox"
+    )
     queries = []
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
             expr = target["expr"]
             for name, value in GRAFANA_VARIABLES.items():
                 expr = expr.replace(name, value)
-            for name, value in SELECTIONS[selection].items():
+            for name, value in values.items():
                 expr = re.sub(rf"\$\{{?{name}\}}?\b", value, expr)
             assert "$" not in expr, f"unexpanded variable in {panel['title']!r}: {expr}"
-            queries.append((panel["title"], expr))
+            queries.append((panel["title"], target["refId"], expr))
     return queries
 
 
-QUERIES = dashboard_queries("All")
-CASES = [(selection, t, e) for selection in SELECTIONS for t, e in dashboard_queries(selection)]
+QUERIES = [(title, expr) for title, _, expr in dashboard_queries("All")]
+CASES = [(selection, *query) for selection in SELECTIONS for query in dashboard_queries(selection)]
+
+
+def test_every_empty_panel_listed_is_one_of_the_dashboard() -> None:
+    listed = {(selection, title, ref) for selection, title, ref, _ in CASES}
+    assert set(EMPTY_BY_DESIGN) <= listed, set(EMPTY_BY_DESIGN) - listed
 
 
 @pytest.mark.parametrize(
-    ("selection", "title", "expr"), CASES, ids=[f"{s}:{t}:{e[:40]}" for s, t, e in CASES]
+    ("selection", "title", "ref", "expr"),
+    CASES,
+    ids=[f"{s}:{t}:{r}:{e[:40]}" for s, t, r, e in CASES],
 )
 def test_every_dashboard_query_returns_data(
-    scraped: tuple[Prometheus, ProxyProcess], selection: str, title: str, expr: str
+    scraped: tuple[Prometheus, ProxyProcess], selection: str, title: str, ref: str, expr: str
 ) -> None:
     prometheus, _ = scraped
     result = prometheus.query(expr)  # a query that does not parse fails in Prometheus.api
-    if (selection, title) in EMPTY_BY_DESIGN:
-        reason = EMPTY_BY_DESIGN[selection, title]
+    if (selection, title, ref) in EMPTY_BY_DESIGN:
+        reason = EMPTY_BY_DESIGN[selection, title, ref]
         assert result == [], f"listed as empty ({reason}) but returns data"
         return
     assert result, f"{title!r} shows nothing: {expr}"
@@ -382,3 +444,67 @@ def test_unrouted_requests_are_counted_apart(scraped: tuple[Prometheus, ProxyPro
         f'sum by (status) (mtp_proxy_requests_total{{profile="{UNROUTED}"}})'
     )
     assert {s["metric"]["status"] for s in refused} >= {"400", "404"}
+
+
+def test_the_variables_list_what_served_requests(scraped: tuple[Prometheus, ProxyProcess]) -> None:
+    """As Grafana's label_values() lists them: the models, and the profiles that served, which
+    for the one-process model are its depths, not its process's name (one-copy)."""
+    prometheus, _ = scraped
+    variables = json.loads(DASHBOARD.read_text())["templating"]["list"]
+    found = {}
+    for variable in (v for v in variables if v["type"] == "query"):
+        match = re.fullmatch(r"label_values\((\w+\{[^}]*\}), *(\w+)\)", variable["query"]["query"])
+        assert match, variable["query"]["query"]
+        selector = match.group(1).replace("$model", ALL)
+        found[variable["name"]] = labels_of(
+            prometheus, f"group by ({match.group(2)}) ({selector})", match.group(2)
+        )
+    assert found["model"] == {"mtp-demo", "fragile", AGENT}
+    assert found["profile"] == {"off", "min", "max", "bad"}
+
+
+def test_the_mtp_questions_are_answered(scraped: tuple[Prometheus, ProxyProcess]) -> None:
+    prometheus, proxy = scraped
+    # Which depth the one process runs under load: its busy epoch's, as the proxy says.
+    (gauge,) = panel_exprs("Depth each process runs now (busy epoch)")
+    depths = proxy.get_json("/admin/depths", admin_key=ADMIN_KEY)[1]
+    epochs = {b["name"]: b["busy"]["depth"] for b in depths["backends"] if b["busy"]}
+    shown = {s["metric"]["backend"]: float(s["value"][1]) for s in prometheus.query(gauge)}
+    assert shown == {name: float(depth) for name, depth in epochs.items()}
+    assert set(shown) == {f"{AGENT}/one-copy"}
+    # Whether drafting pays: each drafting profile's learned speed over off's, class by class.
+    speedup, _ = panel_exprs("Speedup against off (learned)")
+    learned = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)[1]["learned"]
+    speed = {(r["model"], r["request_class"], r["profile"]): r["decode_tok_s"] for r in learned}
+    rows = prometheus.query(speedup)
+    assert {s["metric"]["profile"] for s in rows} == DRAFTING
+    assert {s["metric"]["model"] for s in rows} == {"mtp-demo", AGENT}
+    assert any("@" in s["metric"]["request_class"] for s in rows)  # per load level too
+    for sample in rows:
+        m = sample["metric"]
+        expected = (
+            speed[m["model"], m["request_class"], m["profile"]]
+            / speed[m["model"], m["request_class"], "off"]
+        )
+        assert math.isclose(float(sample["value"][1]), expected, rel_tol=0.01), (m, expected)
+    # Whether the build honours the depth field.
+    (control,) = panel_exprs("Draft control per backend")
+    found = {s["metric"]["backend"]: s["metric"]["control"] for s in prometheus.query(control)}
+    assert found["mtp-demo/off"] == "none" and found[f"{AGENT}/one-copy"] == "per-request"
+    # Whether the chat template takes a system message that is not first (the simulator's
+    # setup-b refuses it, as Qwen3.5/3.6's template does).
+    (template,) = panel_exprs("Chat template: a system message that is not first")
+    found = {s["metric"]["backend"]: s["metric"]["late_system"] for s in prometheus.query(template)}
+    assert found["mtp-demo/off"] == found[f"{AGENT}/one-copy"] == "refused", found
+    # Drafted and accepted tokens per second: the drafting profiles only (zeros hidden).
+    for expr in panel_exprs("Drafted and accepted tokens/s"):
+        assert labels_of(prometheus, expr, "profile") == DRAFTING, expr
+
+
+def test_zero_series_are_hidden(scraped: tuple[Prometheus, ProxyProcess]) -> None:
+    prometheus, _ = scraped
+    (mix,) = panel_exprs("Routing mix by reason and profile")
+    shown = prometheus.query(mix)
+    assert shown and all(float(s["value"][1]) > 0 for s in shown)
+    primed = prometheus.query(mix.removesuffix(" > 0"))
+    assert len(primed) > len(shown)  # the reasons never chosen are primed at 0, not drawn

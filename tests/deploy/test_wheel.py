@@ -92,6 +92,9 @@ def test_the_wheel_holds_the_product_and_its_data_only(wheel: Path) -> None:
     assert not [name for name in names if name.endswith(".jsonl")]
     # The data the product needs at run time is in it.
     assert "proxy/config/default.toml" in names
+    assert {f"proxy/ui/static/{f}" for f in ("index.html", "app.js", "app.css", "icon.svg")} <= set(
+        names
+    )
     assert any(name.startswith("simulator/presets/") for name in names)
     assert "proxy/tune/trace.py" in names and "proxy/tune/texts.py" in names
 

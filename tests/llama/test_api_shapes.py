@@ -1,4 +1,5 @@
-"""The simulator accepts what real llama-server accepts, request shape by request shape.
+"""The simulator accepts what real llama-server accepts, request shape by request shape, on the
+real chat templates of the target families, and the proxy gets every agent shape through.
 
 The bodies are the shapes agent CLIs send: Claude Code's Anthropic messages (a `system` turn
 after the first user turn, text blocks with cache_control, tool_use / tool_result / thinking /
@@ -6,6 +7,11 @@ image blocks, tools with input_schema), Codex's Responses input items (developer
 function_call, function_call_output, reasoning), and chat messages with system turns anywhere.
 Each goes to the simulator and to a real llama-server on a tiny model; both must answer with the
 same status (200, or 400 for what llama-server refuses too), and so must their token counting.
+
+The real server runs with each template: the tiny model's own (plain ChatML, any order goes) and
+the sdist's Qwen3.5 (refuses a system message that is not first: 500, which the simulator
+models with --refuse-late-system), Gemma 4 and DeepSeek V3.1 (accept it; DeepSeek moves it to
+the front). Through `mtp-proxy serve` every shape an agent sends is answered 200 on all four.
 """
 
 from __future__ import annotations
@@ -14,12 +20,13 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.processes import ServerProcess, start_simulator
+from tests.support.chat_templates import DEEPSEEK_V31, GEMMA4, QWEN35, template_args
+from tests.support.harness import ProxyProcess, proxy_config, running_proxy
 from tests.support.llama_fixtures import LLAMA, LlamaServer, make_models, running_llama_server
 
 pytestmark = pytest.mark.llama
@@ -172,7 +179,7 @@ CHAT: dict[str, dict[str, Any]] = {
     },
 }
 
-CASES = [
+CASES: list[tuple[str, str, dict[str, Any], int]] = [
     *(("/v1/messages", name, body, 200) for name, body in MESSAGES.items()),
     *(("/v1/messages", name, body, 400) for name, body in MESSAGES_REFUSED.items()),
     *(("/v1/responses", name, body, 200) for name, body in RESPONSES.items()),
@@ -184,22 +191,61 @@ COUNTERS = {
     "/v1/responses": "/v1/responses/input_tokens",
     "/v1/chat/completions": "/v1/chat/completions/input_tokens",
 }
+OWN = "own-chatml"  # the tiny model's own template
+TEMPLATES = [OWN, QWEN35, GEMMA4, DEEPSEEK_V31]
+# The cases with a system or developer message after the first message (Claude Code's system
+# turn, Codex's instructions + developer item, a chat system turn anywhere).
+LATE_SYSTEM = {"claude-code-turn", "codex-turn", "system-anywhere"}
+LATE_SYSTEM_REFUSAL = "System message must be at the beginning."
+
+
+def expected_status(template: str, name: str, status: int) -> int:
+    """What llama-server answers `name` with `template`: Qwen3.5 refuses a late system turn."""
+    return 500 if template == QWEN35 and name in LATE_SYSTEM else status
+
+
+@pytest.fixture(scope="module", params=TEMPLATES)
+def template(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def server_args(template: str) -> list[str]:
+    return [] if template == OWN else template_args(template)
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+def llama(template: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
     models = make_models(tmp_path_factory.mktemp("models"))
-    with running_llama_server(models[LLAMA], log_dir=tmp_path_factory.mktemp("logs")) as server:
+    args = server_args(template)
+    logs = tmp_path_factory.mktemp("logs")
+    # 4096 tokens a slot: Qwen3.5's template writes a long preamble before the tools.
+    with running_llama_server(models[LLAMA], *args, log_dir=logs, ctx=8192) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def simulator() -> Iterator[ServerProcess]:
-    server = start_simulator(["--preset", "fast", "-c", "2048", "-np", "2"])
+def simulator(template: str) -> Iterator[ServerProcess]:
+    refuse = "--refuse-late-system" if template == QWEN35 else "--no-refuse-late-system"
+    server = start_simulator(["--preset", "fast", "-c", "2048", "-np", "2", refuse])
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    """`mtp-proxy serve` in front of that llama-server, its mends as configured by default."""
+    model = {
+        "name": "tiny",
+        "backend": "llama-server",
+        "draft_control": "per-process",
+        "profiles": [{"name": "off", "url": llama.base_url}],
+    }
+    config = proxy_config([model])
+    config["model_names"] = {"default": "tiny"}
+    with running_proxy(config, tmp_path_factory.mktemp("proxy")) as running:
+        yield running
 
 
 def post(base_url: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -216,12 +262,22 @@ def post(base_url: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
 
 
 @pytest.mark.parametrize(
-    ("path", "body", "expected"),
-    [pytest.param(path, body, status, id=f"{path}:{name}") for path, name, body, status in CASES],
+    ("path", "name", "body", "status"),
+    [
+        pytest.param(path, name, body, status, id=f"{path}:{name}")
+        for path, name, body, status in CASES
+    ],
 )
 def test_simulator_and_llama_server_accept_the_same_shapes(
-    llama: LlamaServer, simulator: ServerProcess, path: str, body: dict[str, Any], expected: int
+    llama: LlamaServer,
+    simulator: ServerProcess,
+    template: str,
+    path: str,
+    name: str,
+    body: dict[str, Any],
+    status: int,
 ) -> None:
+    expected = expected_status(template, name, status)
     request = {"model": "any", "max_tokens": 4, **body}
     for target in (path, COUNTERS[path]):
         real_status, real = post(llama.base_url, target, request)
@@ -230,13 +286,33 @@ def test_simulator_and_llama_server_accept_the_same_shapes(
         # where the simulator says 400.
         assert (real_status == 200) == (expected == 200), (target, real)
         assert sim_status == expected, (target, sim)
+        if expected == 500:  # the template's own refusal, word for word
+            assert (real_status, real["error"]["message"]) == (500, sim["error"]["message"])
+            assert LATE_SYSTEM_REFUSAL in real["error"]["message"]
     if expected == 200:
         assert sim["input_tokens"] > 0 and real["input_tokens"] > 0
         assert ("object" in sim) == ("object" in real) == (path != "/v1/messages")
 
 
+@pytest.mark.parametrize(
+    ("path", "name", "body"),
+    [
+        pytest.param(path, name, body, id=f"{path}:{name}")
+        for path, name, body, s in CASES
+        if s == 200
+    ],
+)
+def test_the_proxy_gets_every_agent_shape_through_on_every_template(
+    proxy: ProxyProcess, path: str, name: str, body: dict[str, Any]
+) -> None:
+    request = {"model": "any", "max_tokens": 4, **body}
+    for target in (path, COUNTERS[path]):
+        status, answer = post(proxy.url, target, request)
+        assert status == 200, (target, answer)
+
+
 def test_tokenize_detokenize_and_apply_template_answer_alike(
-    llama: LlamaServer, simulator: ServerProcess, tmp_path: Path
+    llama: LlamaServer, simulator: ServerProcess, template: str
 ) -> None:
     for base in (llama.base_url, simulator.url):
         status, tokens = post(base, "/tokenize", {"content": "hello world"})
@@ -244,4 +320,7 @@ def test_tokenize_detokenize_and_apply_template_answer_alike(
         status, back = post(base, "/detokenize", {"tokens": tokens["tokens"]})
         assert (status, back["content"]) == (200, "hello world")
         status, applied = post(base, "/apply-template", CHAT["system-anywhere"])
-        assert status == 200 and "late system" in applied["prompt"]
+        if template == QWEN35:
+            assert status == 500 and LATE_SYSTEM_REFUSAL in applied["error"]["message"]
+        else:
+            assert status == 200 and "late system" in applied["prompt"]

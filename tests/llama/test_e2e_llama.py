@@ -1,7 +1,8 @@
 """End to end: the official SDKs -> `mtp-proxy serve` -> three real llama-server processes.
 
 The pool serves a tiny qwen35 model whose MTP block drafts exactly what the trunk would say
-(acceptance 100%), under the profiles off, min (draft-mtp n_max 2 / n_min 1) and max (n_max 3).
+(acceptance 100%), under the profiles off, min (draft-mtp n_max 2 / n_min 1) and max (n_max 3),
+with the family's real chat template (Qwen3.5-4B.jinja from the pinned sdist, thinking on).
 Each test pins a profile with X-MTP-Profile so it knows which backend answers. The measured
 figures (draft_n and acceptance per profile) are printed (`pytest -s`) and recorded as properties.
 """
@@ -20,8 +21,16 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.chat_templates import QWEN35, template_args
 from tests.support.harness import ADMIN_KEY, ProxyProcess, running_proxy
-from tests.support.llama_pool import MODEL, admin_backends, identity_model, llama_config
+from tests.support.llama_pool import (
+    ARGS,
+    MODEL,
+    admin_backends,
+    identity_model,
+    llama_config,
+    llama_model,
+)
 
 pytestmark = pytest.mark.llama
 
@@ -34,7 +43,10 @@ ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     model = identity_model(tmp_path_factory.mktemp("models"))
-    with running_proxy(llama_config(model), tmp_path_factory.mktemp("e2e")) as running:
+    # The real Qwen3.5 chat template (the model family's own), thinking on as it ships.
+    served = llama_model(model, args=[*ARGS, *template_args(QWEN35)])
+    config = llama_config(model, models=[served])
+    with running_proxy(config, tmp_path_factory.mktemp("e2e")) as running:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             rows = running.get_json("/admin/backends", admin_key=ADMIN_KEY)[1]["backends"]
@@ -99,7 +111,12 @@ async def test_openai_sdk_non_stream_each_profile(
         assert raw.headers["X-MTP-Backend"] == f"{MODEL}/{profile}"
         assert raw.headers["X-MTP-Route-Reason"] == "pinned"
         completion = raw.parse()
-        texts[profile] = completion.choices[0].message.content
+        # The Qwen3.5 template opens a thinking block the tiny model never closes: the answer
+        # is reasoning_content (content stays empty). Greedy either way.
+        message = completion.choices[0].message
+        texts[profile] = (message.model_extra or {}).get("reasoning_content", "") + (
+            message.content or ""
+        )
         assert completion.usage is not None and completion.usage.completion_tokens == 64
         timings = (completion.model_extra or {})["timings"]
         if profile == "off":
@@ -124,6 +141,8 @@ async def test_openai_sdk_stream_carries_timings_on_the_last_chunk(proxy: ProxyP
             max_tokens=48,
             temperature=0,
             stream=True,
+            # Thinking off, as a client may ask of Qwen3.5's template: the answer is text.
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}},
         )
         chunks = [chunk async for chunk in stream]
         await client.close()
@@ -146,10 +165,16 @@ async def test_anthropic_sdk_stream(proxy: ProxyProcess) -> None:
         async with client.messages.stream(
             model=MODEL, max_tokens=24, messages=[{"role": "user", "content": "hello world"}]
         ) as stream:
-            text = "".join([piece async for piece in stream.text_stream])
+            # Thinking on (Qwen3.5's default): the tiny model's whole answer is a thinking block.
+            deltas = [
+                event.thinking if event.type == "thinking" else event.text
+                async for event in stream
+                if event.type in ("thinking", "text")
+            ]
             final = await stream.get_final_message()
         await client.close()
-        assert text
+        assert [block.type for block in final.content] == ["thinking"], final.content
+        assert "".join(deltas) == final.content[0].thinking != ""
         assert final.stop_reason == "max_tokens"
         assert final.usage.output_tokens == 24
 

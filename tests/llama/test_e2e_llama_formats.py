@@ -1,7 +1,8 @@
 """Real llama-server formats of `/v1/completions` and `/v1/responses`, through the proxy.
 
 The pool of tests/support/llama_pool.py (three real llama-server processes, a tiny qwen35
-model whose MTP block drafts exactly what the trunk says: acceptance 100%). For each answer the
+model whose MTP block drafts exactly what the trunk says: acceptance 100%), with the family's
+real chat template (Qwen3.5-4B.jinja from the pinned sdist). For each answer the
 test reads the figures llama-server itself reported (its `timings`, or its own /metrics counters
 where an API carries none) and checks that the proxy's log line for that request says the same: the
 proxy parsed the real bytes, not only the fixtures and the simulator.
@@ -24,8 +25,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.chat_templates import QWEN35, template_args
 from tests.support.harness import ADMIN_KEY, ProxyProcess, running_proxy
-from tests.support.llama_pool import MODEL, identity_model, llama_config
+from tests.support.llama_pool import ARGS, MODEL, identity_model, llama_config, llama_model
 
 pytestmark = pytest.mark.llama
 
@@ -37,7 +39,10 @@ ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     model = identity_model(tmp_path_factory.mktemp("models"))
-    with running_proxy(llama_config(model), tmp_path_factory.mktemp("formats")) as running:
+    # The real Qwen3.5 chat template (the model family's own), thinking on as it ships.
+    served = llama_model(model, args=[*ARGS, *template_args(QWEN35)])
+    config = llama_config(model, models=[served])
+    with running_proxy(config, tmp_path_factory.mktemp("formats")) as running:
         deadline = time.monotonic() + 60
         while not all(row["state"] == "ready" for row in backends(running).values()):
             assert time.monotonic() < deadline, f"backends not all ready: {backends(running)}"
@@ -182,4 +187,5 @@ async def test_openai_sdk_reads_both_apis_through_the_proxy(proxy: ProxyProcess)
     kinds = [event.type async for event in stream]
     await client.close()
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
-    assert "response.output_text.delta" in kinds
+    # Qwen3.5's template opens a thinking block the tiny model never closes: reasoning deltas.
+    assert "response.reasoning_text.delta" in kinds

@@ -308,10 +308,11 @@ def test_unprefixed_generation_routes_are_routed(
 
 
 def test_every_request_gets_a_line_with_method_path_agent_and_status(proxy: ProxyProcess) -> None:
+    # /health and /metrics, the polled paths, are debug lines (tests/proxy/test_logs.py).
     cases = [
         ("GET", "/nope?probe=404", 404),
         ("GET", "/v1/chat/completions?probe=405", 405),
-        ("HEAD", "/health?probe=head", 200),
+        ("HEAD", "/v1/models?probe=head", 200),
         ("GET", "/v1/models?probe=models", 200),
         ("POST", "/tokenize?probe=fwd", 200),
     ]

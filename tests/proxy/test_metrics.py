@@ -23,6 +23,7 @@ from proxy.routing.choice import Reason
 from proxy.serving.connections import CLOSE_CAUSES
 from supervisor.draft_probe import DraftControl
 from supervisor.states import BackendState
+from supervisor.template_check import LateSystem
 from tests.support.harness import ADMIN_KEY, ProxyProcess, proxy_config, running_proxy
 from tests.support.traffic import (
     MODEL,
@@ -45,10 +46,10 @@ FAMILIES = {
     "mtp_proxy_time_to_first_token_seconds": ("histogram", {"model", "api", "profile"}),
     "mtp_proxy_proxy_overhead_seconds": ("histogram", {"api"}),
     "mtp_proxy_output_tokens": ("counter", {"model", "profile"}),
-    "mtp_proxy_decode_tokens_per_second": ("histogram", {"profile", "request_class"}),
-    "mtp_proxy_draft_acceptance_ratio": ("histogram", {"profile", "request_class"}),
-    "mtp_proxy_draft_tokens": ("counter", {"profile", "request_class"}),
-    "mtp_proxy_draft_accepted_tokens": ("counter", {"profile", "request_class"}),
+    "mtp_proxy_decode_tokens_per_second": ("histogram", {"model", "profile", "request_class"}),
+    "mtp_proxy_draft_acceptance_ratio": ("histogram", {"model", "profile", "request_class"}),
+    "mtp_proxy_draft_tokens": ("counter", {"model", "profile", "request_class"}),
+    "mtp_proxy_draft_accepted_tokens": ("counter", {"model", "profile", "request_class"}),
     "mtp_proxy_context_tokens": ("histogram", {"model", "profile"}),
     "mtp_proxy_cached_prompt_ratio": ("histogram", {"model", "profile"}),
     "mtp_proxy_routing_decisions": ("counter", {"model", "reason", "profile"}),
@@ -223,25 +224,27 @@ def test_draft_counters_match_the_answers_timings(run: Run) -> None:
     s = run.scrape
     drafted, accepted = Counter[tuple[str, ...]](), Counter[tuple[str, ...]]()
     for x in run.sent:
-        drafted[(x.profile, CLASS)] += x.draft_n
-        accepted[(x.profile, CLASS)] += x.draft_accepted
-    assert drafted[("min", CLASS)] > 0 and drafted[("max", CLASS)] > 0
-    assert drafted[("off", CLASS)] == 0
-    assert s.by("mtp_proxy_draft_tokens_total", "profile", "request_class") == +drafted
-    assert s.by("mtp_proxy_draft_accepted_tokens_total", "profile", "request_class") == +accepted
+        drafted[(MODEL, x.profile, CLASS)] += x.draft_n
+        accepted[(MODEL, x.profile, CLASS)] += x.draft_accepted
+    assert drafted[(MODEL, "min", CLASS)] > 0 and drafted[(MODEL, "max", CLASS)] > 0
+    assert drafted[(MODEL, "off", CLASS)] == 0
+    keys = ("model", "profile", "request_class")
+    assert s.by("mtp_proxy_draft_tokens_total", *keys) == +drafted
+    assert s.by("mtp_proxy_draft_accepted_tokens_total", *keys) == +accepted
     assert not s.series("mtp_proxy_draft_tokens_total", profile="off")
 
 
 def test_decode_speed_and_acceptance_histograms(run: Run) -> None:
     s = run.scrape
     # Every answer with timings has a decode speed (the /messages one has none).
-    timed = Counter((x.profile, CLASS) for x in run.sent if x.routed and x.api != "messages")
-    assert s.by("mtp_proxy_decode_tokens_per_second_count", "profile", "request_class") == timed
+    timed = Counter((MODEL, x.profile, CLASS) for x in run.sent if x.routed and x.api != "messages")
+    keys = ("model", "profile", "request_class")
+    assert s.by("mtp_proxy_decode_tokens_per_second_count", *keys) == timed
     speed = s.total("mtp_proxy_decode_tokens_per_second_sum") / sum(timed.values())
     assert 1 < speed < 100_000
     speculative = [x for x in run.sent if x.draft_n]
-    assert s.by("mtp_proxy_draft_acceptance_ratio_count", "profile", "request_class") == Counter(
-        (x.profile, CLASS) for x in speculative
+    assert s.by("mtp_proxy_draft_acceptance_ratio_count", *keys) == Counter(
+        (MODEL, x.profile, CLASS) for x in speculative
     )
     for profile in ("min", "max"):
         ratios = [x.draft_accepted / x.draft_n for x in speculative if x.profile == profile]
@@ -323,6 +326,7 @@ def test_label_values_are_bounded(run: Run) -> None:
         "reason": set(get_args(Reason)),
         "state": {state.value for state in BackendState},
         "control": set(get_args(DraftControl)),
+        "late_system": set(get_args(LateSystem)),
         "backend": {f"{MODEL}/{p}" for p in PROFILES},
         "request_class": {CLASS, UNROUTED},
         "cause": set(CLOSE_CAUSES),

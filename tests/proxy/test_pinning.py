@@ -80,3 +80,30 @@ async def arrivals(response: aiohttp.ClientResponse) -> list[tuple[float, bytes]
     async for data in response.content.iter_any():
         chunks.append((time.perf_counter(), data))
     return chunks
+
+
+async def test_an_unknown_pin_is_a_400_naming_the_profiles(demo_proxy: ProxyProcess) -> None:
+    """A typo in the pin header (`X-MTP-Profile: turbo`) used to be routed as if unpinned, a
+    silent 200: now a 400 in the called API's error shape, naming the model's profiles."""
+    pin = {"X-MTP-Profile": "turbo"}
+    body = {"messages": CHAT, "max_tokens": 4}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            demo_proxy.url + "/v1/chat/completions", json=body, headers=pin
+        ) as openai:
+            openai_error = (openai.status, await openai.json())
+        async with session.post(
+            demo_proxy.url + "/v1/messages", json={**body, "model": "mtp-demo"}, headers=pin
+        ) as anthropic:
+            anthropic_error = (anthropic.status, await anthropic.json())
+    message = (
+        "unknown profile 'turbo' in the X-MTP-Profile header: model mtp-demo has the profiles "
+        "off, min, max"
+    )
+    assert openai_error[0] == 400
+    assert openai_error[1]["error"]["message"] == message
+    assert openai_error[1]["error"]["code"] == "unknown_profile"
+    assert anthropic_error == (
+        400,
+        {"type": "error", "error": {"type": "invalid_request_error", "message": message}},
+    )

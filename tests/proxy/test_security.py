@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.app import create_app
 from proxy.config.settings import ServerSettings, Settings, load_settings
-from proxy.serving.middlewares import OPEN_PATHS
+from proxy.serving.middlewares import OPEN_PATHS, OPEN_PREFIXES
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,
@@ -169,16 +169,17 @@ def served_routes(config: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 async def test_every_route_checks_the_client_key(locked: ProxyProcess, echo_url: str) -> None:
-    """Without a key, every route but the open ones (health checks, /metrics) is 401, the admin
-    ones included; with a client key no route is 401 except the admin ones (it is not the
-    admin key)."""
+    """Without a key, every route but the open ones (health checks, /metrics, the live page's
+    files) is 401, the admin ones included; with a client key no route is 401 except the admin
+    ones (it is not the admin key)."""
     routes = served_routes(locked_config(echo_url))
     assert len(routes) > 40 and ("GET", "/admin/backends") in routes
     keyed = {"Authorization": f"Bearer {CLIENT_KEYS[0]}"}
     async with aiohttp.ClientSession() as session:
         for method, path in routes:
             admin = path.startswith("/admin/")
-            for headers, expected_401 in (({}, path not in OPEN_PATHS), (keyed, admin)):
+            is_open = path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+            for headers, expected_401 in (({}, not is_open), (keyed, admin)):
                 async with session.request(
                     method, locked.url + path, json={"model": "echo"}, headers=headers
                 ) as response:
@@ -213,6 +214,9 @@ async def test_admin_is_disabled_without_an_admin_key(open_proxy: ProxyProcess) 
         for method, path in (
             ("GET", "/admin/backends"),
             ("GET", "/admin/routing"),
+            ("GET", "/admin/depths"),
+            ("GET", "/admin/requests"),
+            ("GET", "/admin/chart"),
             ("POST", "/admin/backends/mtp-demo/off/restart"),
         ):
             async with session.request(

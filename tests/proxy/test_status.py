@@ -7,8 +7,11 @@ import http.client
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -173,3 +176,85 @@ def test_draft_control_is_the_same_in_status_admin_and_metrics(proxy: ProxyProce
     for profile in ("min", "max"):  # the simulator: per-request, or ignored with --ignore-...
         name = f"mtp-demo/{profile}"
         assert held[name] in ("per-request", "ignored") and "drafted" in reasons[name]
+
+
+def test_the_template_check_is_the_same_in_status_admin_and_metrics(proxy: ProxyProcess) -> None:
+    """The demo's setup-b simulator refuses a late system message, as the Qwen3.6 template."""
+    result = status("--url", proxy.url, "--admin-key", ADMIN_KEY)
+    assert result.returncode == 0, result.stderr
+    shown = {row["backend"]: row["late system"] for row in table(result.stdout, "Backends")}
+    _, admin = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)
+    held = {b["name"]: b["chat_template"]["late_system"] for b in admin["backends"]}
+    with urllib.request.urlopen(proxy.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    metric = {
+        sample.labels["backend"]: sample.labels["late_system"]
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "mtp_proxy_backend_late_system" and sample.value == 1
+    }
+    assert shown == held == metric == {f"mtp-demo/{p}": "refused" for p in PROFILES}
+
+
+def test_each_pool_process_runs_its_profiles_depth(proxy: ProxyProcess, sent: list[Sent]) -> None:
+    result = status("--url", proxy.url, "--admin-key", ADMIN_KEY)
+    assert result.returncode == 0, result.stderr
+    rows = {row["backend"]: row for row in table(result.stdout, "Depth per process")}
+    depths = {"off": "0", "min": "2", "max": "3"}
+    for profile in PROFILES:
+        row = rows[f"mtp-demo/{profile}"]
+        assert row["depth now"] == depths[profile]
+        assert row["why"] == f"pool: this process runs {profile} only"
+        assert row["busy epoch"] == "-"  # no epochs: one depth per process
+        assert row["last request"].startswith(f"{profile} (depth {depths[profile]}), ")
+
+
+def watch(*args: str, frames: int, timeout: float = 30.0) -> tuple[str, int, str]:
+    """Run `status --watch`, wait for `frames` redraws, press Ctrl-C: (stdout, code, stderr)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy.cli", "status", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(process.stdout or []), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while sum("Ctrl-C to stop" in line for line in list(seen)) < frames:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            assert time.monotonic() < deadline, f"fewer than {frames} frames: {seen}"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        code = process.wait(10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    reader.join(10)
+    return "".join(seen), code, process.stderr.read() if process.stderr else ""
+
+
+def test_watch_redraws_until_ctrl_c(proxy: ProxyProcess, sent: list[Sent]) -> None:
+    out, code, err = watch("--url", proxy.url, "--admin-key", ADMIN_KEY, "--watch", "0.2", frames=3)
+    assert code == 0 and "Traceback" not in err, err
+    frames = out.split("(every 0.2 s, ")
+    assert len(frames) >= 4  # three frames and what follows the last
+    for frame in frames[:3]:
+        assert "Backends" in frame and "Depth per process (now, and why)" in frame
+        assert "Learned table" in frame
+
+
+def test_watch_keeps_trying_a_proxy_it_cannot_read() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    out, code, err = watch("--url", url, "--admin-key", ADMIN_KEY, "--watch", "0.1", frames=2)
+    assert code == 0 and "Traceback" not in err, err
+    assert out.count(f"cannot reach mtp-proxy at {url}") >= 2
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "inf", "nan"])
+def test_watch_needs_a_positive_number_of_seconds(value: str) -> None:
+    result = status("--url", "http://127.0.0.1:1", "--watch", value)
+    assert result.returncode == 2
+    assert "must be a positive number of seconds" in result.stderr

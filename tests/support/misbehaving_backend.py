@@ -19,13 +19,18 @@ Modes:
   stall-mid-body        answer a complete chat completion: its first half, then nothing, ever
   deep-event            stream N chunks, then an event whose data nests 300 levels deep (valid
                         JSON, deeper than orjson writes), then the API's final event
+  echo-body             answer a complete chat completion whose content is the body received
+  call-tool             /v1/responses: call the tool the header X-Call-Tool names, with the JSON
+                        arguments of X-Call-Arguments, as llama-server words a function call
+                        (a 400 if the request's `tools` has no such function)
 
-Whatever the mode, every other path (`POST /tokenize`, `GET /props`, `/v1/embeddings`, anything)
-answers the method and path (with its query) it was called with (in mode echo-headers, its
-headers and body too), after `X-Echo-Delay` seconds if the request sets that header. Every
-request but /health and /metrics is recorded: `GET /recorded` answers the list (method, path
-with query) and the most requests seen at once per path, so tests can tell what reached the
-backend and how many at a time.
+`POST /apply-template` (the chat-template check's route) behaves as a complete (non-stream)
+generation. Whatever the mode, every other path (`POST /tokenize`, `GET /props`,
+`/v1/embeddings`, anything) answers the method and path (with its query) it was called with (in
+mode echo-headers, its headers and body too), after `X-Echo-Delay` seconds if the request sets
+that header. Every request but /health and /metrics is recorded: `GET /recorded` answers the list
+(method, path with query) and the most requests seen at once per path, so tests can tell what
+reached the backend and how many at a time.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -58,6 +64,8 @@ MODES = frozenset(
         "big-body",
         "stall-mid-body",
         "deep-event",
+        "echo-body",
+        "call-tool",
     }
 )
 _FOREVER_S = 3600.0
@@ -213,6 +221,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return _echo(request)
     if behaviour.mode in ("big-body", "stall-mid-body"):
         return await _big_body(request, behaviour)
+    if behaviour.mode == "echo-body":
+        return web.json_response(_complete_body((await request.read()).decode()))
+    if behaviour.mode == "call-tool":
+        return await _call_tool(request, body)
     if not isinstance(body, dict) or not body.get("stream"):
         return web.json_response(_complete_body("done"))
     return await _stream(request, behaviour, api=_APIS[request.path])
@@ -305,6 +317,52 @@ def _echo(request: web.Request) -> web.Response:
     return response
 
 
+async def _call_tool(request: web.Request, body: Any) -> web.StreamResponse:
+    """A function call as llama-server's Responses route words it (server-task.cpp): a complete
+    answer's output item, or the stream's added / arguments delta / done / completed events."""
+    name = request.headers.get("X-Call-Tool", "")
+    arguments = request.headers.get("X-Call-Arguments", "{}")
+    tools = body.get("tools") if isinstance(body, dict) else None
+    names = [
+        t.get("name") for t in tools or [] if isinstance(t, dict) and t.get("type") == "function"
+    ]
+    if name not in names:
+        error = {
+            "code": 400,
+            "message": f"no function tool {name!r}",
+            "type": "invalid_request_error",
+        }
+        return web.json_response({"error": error}, status=400)
+    item = {
+        "id": "fc_1",
+        "type": "function_call",
+        "status": "completed",
+        "arguments": arguments,
+        "call_id": "call_1",
+        "name": name,
+    }
+    response = {"id": "resp_tool", "object": "response", "status": "completed", "output": [item]}
+    if not body.get("stream"):
+        return web.json_response(response)
+    out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await out.prepare(request)
+    added = {**item, "arguments": "", "status": "in_progress"}
+    await out.write(
+        _sse("response.output_item.added", {"type": "response.output_item.added", "item": added})
+    )
+    for part in (arguments[: len(arguments) // 2], arguments[len(arguments) // 2 :]):
+        delta = {"type": "response.function_call_arguments.delta", "delta": part, "item_id": "fc_1"}
+        await out.write(_sse("response.function_call_arguments.delta", delta))
+    await out.write(
+        _sse("response.output_item.done", {"type": "response.output_item.done", "item": item})
+    )
+    await out.write(
+        _sse("response.completed", {"type": "response.completed", "response": response})
+    )
+    await out.write_eof()
+    return out
+
+
 def _complete_body(content: str) -> dict[str, object]:
     return {
         "id": "chatcmpl-test",
@@ -349,7 +407,10 @@ def make_app(behaviour: Behaviour) -> web.Application:
     app.router.add_get("/recorded", recorded)
     for path in _APIS:
         app.router.add_post(path, generate)
-    app.router.add_route("*", "/{anything:.*}", echo_request)
+    # The chat-template check's route (supervisor/template_check.py): it fails as the mode says,
+    # and "ok" answers a completion without the rendered prompt llama-server would give.
+    app.router.add_post("/apply-template", generate)
+    app.router.add_route("*", "/{anything:.*}", echo_request)  # after every named route
     return app
 
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tomllib
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +81,40 @@ def run_tune(
     )
 
 
+def run_tune_url(
+    url: str, admin_key: str, out: Path, *args: str, timeout: float = 900.0
+) -> subprocess.CompletedProcess[str]:
+    """`mtp-proxy tune --url` against a running proxy."""
+    argv = [
+        sys.executable, "-m", "proxy.cli", "tune", "--url", url, "--admin-key", admin_key,
+        "--out", str(out), *args,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def first_decision(proxy_url: str) -> tuple[str, str]:
+    """A short chat through the proxy: the profile that served it and why (its headers)."""
+    body = {"messages": [{"role": "user", "content": "Hi! How are you today?"}], "max_tokens": 64}
+    request = urllib.request.Request(
+        proxy_url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return response.headers["X-MTP-Profile"], response.headers["X-MTP-Route-Reason"]
+
+
 def results(out: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = json.loads((out / "results.json").read_text())
+    """The table's rows of results.json."""
+    rows: list[dict[str, Any]] = document(out)["rows"]
     return rows
+
+
+def document(out: Path) -> dict[str, Any]:
+    """results.json as a whole: the rows, what was left out and why, failures, the run."""
+    data: dict[str, Any] = json.loads((out / "results.json").read_text())
+    return data
 
 
 def by_class(rows: list[dict[str, Any]], label: str) -> dict[str, dict[str, Any]]:

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,11 +25,14 @@ from proxy.config.routing import RoutingSettings
 from proxy.config.settings import Settings
 from proxy.routing.stats import LearnedStats
 from proxy.tune import texts
+from proxy.tune.chart import SUMMARY, chart_name
 from proxy.tune.workload import builtin_workload
 from tests.support.harness import proxy_config, running_proxy, simulator_model, wait_all_ready
 from tests.support.tune_helpers import (
     best,
     by_class,
+    document,
+    first_decision,
     profiles,
     results,
     run_tune,
@@ -105,16 +107,19 @@ def test_printed_table_and_a_chart_per_class(setup_b: Path) -> None:
     assert "speedup" in stdout and SHORT_CHAT in stdout
     classes = {row["class"] for row in results(setup_b)}
     charts = sorted(setup_b.glob("chart-*.png"))
-    assert len(charts) == len(classes)
+    # One per class, its name keeping the class (64k+ is not 64k), and the summary.
+    assert {p.name for p in charts} == {chart_name(c) for c in classes} | {SUMMARY}
+    assert "chart-64k+-code.png" in {p.name for p in charts}
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in charts)
 
 
 def test_recommended_profiles_are_off_and_n_max_3_and_validate(setup_b: Path) -> None:
     found = profiles(setup_b)
-    assert [p["name"] for p in found] == ["off", "max"]
-    assert found[1] == {"name": "max", "spec_type": "draft-mtp", "draft_n_max": 3}
+    assert [p["name"] for p in found] == ["off", "n3"]
+    assert found[1] == {"name": "n3", "spec_type": "draft-mtp", "draft_n_max": 3}
     text = (setup_b / "profiles.toml").read_text()
-    assert "# 64k+/code: no setting beats off" in text
+    assert "# code, 64k+ tokens: no setting beats off" in text
+    assert '# [routing] profile_off = "off", profile_max = "n3"' in text
     # The block is a valid [[models.profiles]] list as it stands.
     Settings(models=[{"name": "m", "backend": "simulator", "profiles": found}])
 
@@ -123,12 +128,12 @@ def test_state_file_loads_every_cell_trusted(setup_b: Path) -> None:
     stats = LearnedStats.load(setup_b / "routing-state.json", RoutingSettings())
     assert stats.load_report.startswith("loaded")
     rows = stats.table()
-    assert {r["profile"] for r in rows} == {"off", "max"}
+    assert {r["profile"] for r in rows} == {"off", "n3"}
     assert all(r["trusted"] for r in rows)
     # The chars-per-token ratio the classes were computed with travels along.
     assert stats.calibrator.chars_per_token("mtp-demo") != RoutingSettings().chars_per_token
     short = {r["profile"]: r for r in rows if r["class"] == SHORT_CHAT}
-    assert short["max"]["decode_tok_s"] > 1.5 * short["off"]["decode_tok_s"]
+    assert short["n3"]["decode_tok_s"] > 1.5 * short["off"]["decode_tok_s"]
 
 
 PROSE_COLLAPSE = ("--acceptance-scale", "prose=0.1")  # a drafter that fails on prose
@@ -148,17 +153,6 @@ def prose_collapse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _first_decision(proxy_url: str) -> tuple[str, str]:
-    body = {"messages": [{"role": "user", "content": "Hi! How are you today?"}], "max_tokens": 64}
-    request = urllib.request.Request(
-        proxy_url + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return response.headers["X-MTP-Profile"], response.headers["X-MTP-Route-Reason"]
-
-
 @pytest.mark.parametrize("shape", ["per-process", "per-request"])
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_seeded_state_changes_the_first_decision(
@@ -167,7 +161,7 @@ def test_seeded_state_changes_the_first_decision(
     """On a pool and on one process serving the profiles as per-request depths: tune measured
     each request alone, which is the pool's cell and the one process's "alone" load level."""
     found = profiles(prose_collapse)
-    assert [p["name"] for p in found] == ["off", "max"]  # n_max 3 still wins on code
+    assert [p["name"] for p in found] == ["off", "n3"]  # n_max 3 still wins on code
     state = tmp_path / "state.json"
     if warm:
         shutil.copy(prose_collapse / "routing-state.json", state)
@@ -185,14 +179,15 @@ def test_seeded_state_changes_the_first_decision(
         "cold_exploration_rate": 0.0,
         "seed": 1,
         "clock_scale": 200.0,
+        **document(prose_collapse)["roles"],  # n3 plays max, as --apply writes it
     }
     with running_proxy(proxy_config([model], routing=routing), tmp_path / "proxy") as proxy:
         wait_all_ready(proxy, {"mtp-demo": 2 if shape == "per-process" else 1})
-        profile, reason = _first_decision(proxy.url)
+        profile, reason = first_decision(proxy.url)
     if warm:
         assert (profile, reason.split(" ")[0]) == ("off", "learned"), reason
-    else:  # the cold rule: a short chat goes to max
-        assert (profile, reason.split(" ")[0]) == ("max", "rule"), reason
+    else:  # the cold rule: a short chat goes to max, which n3 plays
+        assert (profile, reason.split(" ")[0]) == ("n3", "rule"), reason
 
 
 def test_setup_a_n_max_2_n_min_1_best_and_n_max_1_below_off_at_65k_code(tmp_path: Path) -> None:
@@ -224,7 +219,7 @@ def test_setup_a_n_max_2_n_min_1_best_and_n_max_1_below_off_at_65k_code(tmp_path
     assert best(rows, LONG_CODE) == "n2-m1"
     assert "faster than off" in cells["n2-m1"]["verdict"]
     assert cells["n1"]["tok_s"] < cells["off"]["tok_s"]
-    assert [p["name"] for p in profiles(out)] == ["off", "max"]
+    assert [p["name"] for p in profiles(out)] == ["off", "n2-m1"]
     assert profiles(out)[1]["draft_n_min"] == 1
 
 
@@ -276,7 +271,7 @@ def test_ctrl_c_twice_keeps_results_and_a_rerun_measures_only_the_rest(tmp_path:
     again = run_tune(config, out, *args)
     assert again.returncode == 0, again.stderr[-2000:]
     measured_before = sum(kept.values())
-    assert f"{3 * per_setting - measured_before} requests to measure" in again.stderr
+    assert f"; {3 * per_setting - measured_before} to measure" in again.stderr
     assert _lines(out) == {"off": per_setting, "n2": per_setting, "n3": per_setting}
 
 

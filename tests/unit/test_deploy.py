@@ -14,6 +14,7 @@ from typing import Any, cast
 import pytest
 from prometheus_client import CollectorRegistry
 
+from proxy.config.routing import RoutingSettings
 from proxy.config.settings import load_settings
 from proxy.ops.collectors import BackendsCollector
 from proxy.ops.metrics import ProxyMetrics
@@ -48,7 +49,7 @@ def exported_metric_names() -> set[str]:
         backends=SimpleNamespace(all=list),
         models=SimpleNamespace(primary_names=list),
         supervisor=None,
-        router=SimpleNamespace(learned_rows=list),
+        router=SimpleNamespace(learned_rows=list, stats=SimpleNamespace(busy={})),
     )
     registry.register(BackendsCollector(cast(ProxyState, empty)))
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
@@ -226,9 +227,93 @@ def test_dashboard_shows_what_operators_need(dashboard: dict[str, Any]) -> None:
         "mtp_proxy_backend_in_flight",
         "mtp_proxy_queued_requests",
         "mtp_proxy_backend_health_check_failures_total",
+        "mtp_proxy_backend_busy_depth",
+        "mtp_proxy_backend_draft_control",
+        "mtp_proxy_backend_late_system",
     } <= used
     learned = [p for p in panels(dashboard) if p["title"] == "Learned routing table"]
     assert [p["type"] for p in learned] == ["table"]
+    by_title = {p["title"]: p for p in panels(dashboard)}
+    assert by_title["Depth each process runs now (busy epoch)"]["type"] == "gauge"
+    drafted = [t["expr"] for t in by_title["Drafted and accepted tokens/s"]["targets"]]
+    assert [promql_metric_names(e) for e in drafted] == [
+        {"mtp_proxy_draft_tokens_total"},
+        {"mtp_proxy_draft_accepted_tokens_total"},
+    ]
+    (speedup,) = by_title["Speedup against off (learned)"]["targets"][:1]
+    assert 'profile="$off"' in speedup["expr"] and "group_left" in speedup["expr"]
+
+
+def test_dashboard_variables_come_from_the_request_metrics(dashboard: dict[str, Any]) -> None:
+    """Not from mtp_proxy_backend_ready: in the one-process shape its profile is the process's
+    ("one-copy"), and picking it would empty every request and MTP panel."""
+    queries = {
+        v["name"]: v["query"]["query"]
+        for v in dashboard["templating"]["list"]
+        if v["type"] == "query"
+    }
+    assert set(queries) == {"model", "profile"}
+    for query in queries.values():
+        match = re.fullmatch(r"label_values\((\w+)\{[^}]*\}, *\w+\)", query)
+        assert match and match.group(1) == "mtp_proxy_requests_total", query
+        assert '!="none"' in query  # requests refused before routing have no model or profile
+    (off,) = [v for v in dashboard["templating"]["list"] if v["name"] == "off"]
+    assert off["type"] == "textbox" and off["query"] == RoutingSettings().profile_off
+
+
+def test_draft_panels_filter_by_model(dashboard: dict[str, Any]) -> None:
+    """The draft metrics carry `model` (tests/proxy/test_metrics.py reads it from /metrics)."""
+    mtp = [p for p in panels(dashboard) if "acceptance" in p["title"].lower()]
+    for panel in mtp:
+        for target in panel["targets"]:
+            if "mtp_proxy_draft" in target["expr"]:
+                assert 'model=~"$model"' in target["expr"], panel["title"]
+
+
+ZERO_HIDDEN = (
+    "Routing mix by reason and profile",
+    "Output tokens/s",
+    "Upstream retries and stream failures",
+    "Restarts and crash loops",
+    "Health-check failures",
+    "Drafted and accepted tokens/s",
+)
+
+
+def test_series_that_stay_zero_are_hidden(dashboard: dict[str, Any]) -> None:
+    by_title = {p["title"]: p for p in panels(dashboard)}
+    for title in ZERO_HIDDEN:
+        for target in by_title[title]["targets"]:
+            assert target["expr"].rstrip().endswith("> 0"), (title, target["expr"])
+
+
+def test_dashboard_asks_for_its_data_source_on_import(dashboard: dict[str, Any]) -> None:
+    (source,) = dashboard["__inputs"]
+    assert (source["type"], source["pluginId"]) == ("datasource", "prometheus")
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    placeholder = "${" + source["name"] + "}"
+    # The import replaces the placeholder with the data source picked: the variable's default.
+    assert variables["datasource"]["current"]["value"] == placeholder
+    assert DASHBOARD.read_text().count("${DS_") == DASHBOARD.read_text().count(placeholder)
+
+
+def test_provisioning_files_fit_the_dashboard_and_the_docs() -> None:
+    grafana = DASHBOARD.parent / "provisioning"
+    (source,) = yaml.safe_load((grafana / "datasources" / "mtp-proxy.yml").read_text())[
+        "datasources"
+    ]
+    (provider,) = yaml.safe_load((grafana / "dashboards" / "mtp-proxy.yml").read_text())[
+        "providers"
+    ]
+    assert source["type"] == "prometheus" and source["url"] == "http://127.0.0.1:9090"
+    scrape = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())["global"]
+    assert source["jsonData"]["timeInterval"] == scrape["scrape_interval"]
+    steps = (REPO / "docs" / "operations.md").read_text()
+    # The steps put the dashboard where the provider reads, bound to the provisioned source.
+    assert f"DS_PROMETHEUS}}/{source['uid']}/g" in steps
+    assert f"{provider['options']['path']}/mtp-proxy.json" in steps
+    for kind in ("datasources", "dashboards"):
+        assert f"deploy/grafana/provisioning/{kind}/mtp-proxy.yml" in steps
 
 
 def test_dashboard_variables_are_defined(dashboard: dict[str, Any]) -> None:
@@ -236,7 +321,8 @@ def test_dashboard_variables_are_defined(dashboard: dict[str, Any]) -> None:
     text = DASHBOARD.read_text()
     # $__rate_interval, $__all, ...: Grafana's built-ins.
     referenced = {name for name in re.findall(r"\$\{?(\w+)", text) if not name.startswith("__")}
-    assert referenced <= defined, sorted(referenced - defined)
+    inputs = {source["name"] for source in dashboard["__inputs"]}  # filled in at import
+    assert referenced <= defined | inputs, sorted(referenced - defined - inputs)
 
 
 # --- systemd ------------------------------------------------------------------------------

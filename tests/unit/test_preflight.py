@@ -16,6 +16,7 @@ from proxy.plans.preflight import ASSUMED_CTX, run_preflight
 from supervisor.memory import GIB, estimate_vram_bytes
 from tests.support.fake_gpu import sparse
 from tests.support.llama_pool import PROFILES
+from tests.support.tinygguf import Qwen35Config, write_qwen35
 
 
 def settings_for(model_path: Path, **model: Any) -> Settings:
@@ -150,3 +151,15 @@ def test_pinned_backends_are_checked_per_gpu(tmp_path: Path) -> None:
     assert len(crowded.warnings) == 1  # 36 GiB free in all, but two backends on GPU 0
     assert crowded.warnings[0].startswith("GPU 0: the backends need")
     assert "big/off" in crowded.warnings[0] and "big/max" not in crowded.warnings[0]
+
+
+def test_a_readable_gguf_gives_its_kv_shape_to_the_estimate(tmp_path: Path) -> None:
+    # The heuristic (KV per token from the file size) errs high on hybrid models; the GGUF's
+    # own shape is used when the file is one: here 1 KV layer x 32 values.
+    path = write_qwen35(tmp_path / "m.gguf", Qwen35Config())
+    result = run_preflight(settings_for(path), free_memory=gpus(80))
+    size = path.stat().st_size
+    shaped = estimate_vram_bytes(size, 8192, n_layers=1, n_embd=64, n_embd_kv=32, draft_n_max=3)
+    assert {need.name: need.bytes for need in result.needs}["big/max"] == shaped
+    assert shaped != estimate_vram_bytes(size, 8192, draft_n_max=3)
+    assert result.needs[2].detail.endswith(", KV 1 layers x 32 (from the GGUF)")

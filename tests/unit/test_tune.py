@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import main as cli_main
+from proxy.tune.store import ResultStore, StoreError
 from tests.support.tune_helpers import sim_config, write_config
 
 
@@ -41,13 +42,27 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 2 and "file not found" in err, err
 
 
-def test_results_of_another_workload_are_not_mixed(
+def test_results_of_another_model_are_not_mixed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Refused before any process starts: another model's results are in OUT."""
     out = tmp_path / "out"
     out.mkdir()
-    (out / "run.json").write_text(json.dumps({"model": "mtp-demo", "workload": "0123"}))
+    (out / "run.json").write_text(json.dumps({"model": "other", "workload": "0123"}))
     config = write_config(tmp_path, sim_config("setup-b", 8192))
     code, err = _tune_in_process(capsys, config, out, "--settings", "off")
     assert code == 2
-    assert "holds results of another workload" in err
+    assert "holds results of another model" in err
+
+
+def test_results_of_another_workload_or_way_of_measuring_are_not_mixed(tmp_path: Path) -> None:
+    """The workload is known once the server's context is (so the check is the store's)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"model": "m", "workload": "0123", "via": "service"}))
+    store = ResultStore(out)
+    with pytest.raises(StoreError, match="another workload"):
+        store.open({"model": "m", "workload": "4567", "via": "service"})
+    with pytest.raises(StoreError, match="another via"):
+        store.check({"model": "m", "via": "processes"})
+    store.open({"model": "m", "workload": "0123", "via": "service"})  # the same run: resumed

@@ -86,7 +86,10 @@ def test_fewest_profiles_that_capture_the_gain() -> None:
         ]
     )
     rec = recommend(table)
-    # n2/1 alone covers both classes that need speculation: one profile, not two.
-    assert [(p.name, p.setting) for p in rec.profiles] == [("off", OFF), ("max", N2M1)]
+    # n2/1 alone covers both classes that need speculation: one profile, not two; its name
+    # says its setting, and it plays the max role.
+    assert [(p.name, p.setting) for p in rec.profiles] == [("off", OFF), ("n2-m1", N2M1)]
+    assert rec.roles() == {"profile_off": "off", "profile_max": "n2-m1"}
     assert set(rec.needs) == {"<4k/prose", "16k-32k/code"}
-    assert any("64k+/code: no setting beats off" in r for r in rec.profiles[0].reasons)
+    assert any("code, 64k+ tokens: no setting beats off" in r for r in rec.profiles[0].reasons)
+    assert rec.provisional is None

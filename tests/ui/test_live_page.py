@@ -1,0 +1,212 @@
+"""The live page (/ui/) in a real browser against a real proxy under traffic.
+
+Debian's chromium, driven by chromedriver (tests/support/browser.py), opens
+`/ui/#key=ADMIN_KEY` while an agent-like session and background clients send requests to a
+one-process model on the simulator. It must show, within seconds, every request just sent with
+the depth the proxy gave it (the answer's X-MTP-Profile), why (X-MTP-Route-Reason) and its
+tokens; the backend with its state; the depth the process runs now; the speedup each depth has
+earned against off; the chart. The console must stay free of errors. A screenshot of the page
+is saved to build/ui/live-page.png (build/ is ignored by git; CI keeps it as an artifact).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.browser import chromium
+from tests.support.harness import (
+    ADMIN_KEY,
+    ProxyProcess,
+    proxy_config,
+    running_proxy,
+    simulator_model,
+    wait_all_ready,
+)
+from tests.support.traffic import Sent, body_for, send
+
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOT = REPO / "build" / "ui" / "live-page.png"
+MODEL = "mtp-demo"
+BACKEND = "mtp-demo/one-copy"
+DEPTH = {"off": 0, "min": 2, "max": 3}
+NOTHING = "\u2013"  # what the page shows where there is no value (an en dash)
+LEARNED = 5  # requests pinned to off and to max before the page opens: min_samples each
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    model = simulator_model(draft_control="per-request", time_scale=50.0, slots=4)
+    routing = {"clock_scale": 50.0, "seed": 1}
+    config = proxy_config([model], routing=routing)
+    with running_proxy(config, tmp_path_factory.mktemp("live-page")) as running:
+        wait_all_ready(running, {MODEL: 1})
+        for profile in ("off", "max"):  # alone, one after another: learned at load level 1
+            for _ in range(LEARNED):
+                pinned = {"X-MTP-Profile": profile}
+                assert send(running.url, "chat", body_for("chat", stream=False), headers=pinned)
+        yield running
+
+
+class Background:
+    """Clients that keep the proxy busy while the page is looked at."""
+
+    def __init__(self, url: str, clients: int = 2) -> None:
+        self.url, self.stop = url, threading.Event()
+        self.statuses: list[int] = []
+        self.threads = [
+            threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(clients)
+        ]
+
+    def _loop(self, client: int) -> None:
+        turn = 0
+        while not self.stop.is_set():
+            text = f"background {client}"
+            body = body_for("chat", stream=turn % 2 == 0, text=text, max_tokens=32)
+            headers = {"X-MTP-Session": f"background-{client}"}
+            self.statuses.append(send(self.url, "chat", body, headers=headers).status)
+            turn += 1
+            self.stop.wait(0.1)
+
+    def __enter__(self) -> Background:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+
+
+def agent_session(url: str, turns: int = 4) -> list[Sent]:
+    """A coding agent's turns: one session, the conversation growing, some streamed."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent. Use the tools to edit files."},
+    ]
+    sent = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"step {turn}: fix the failing test in app.py"})
+        body = {"model": MODEL, "messages": messages, "max_tokens": 48, "stream": turn % 2 == 1}
+        if body["stream"]:
+            body["stream_options"] = {"include_usage": True}
+        answer = send(url, "chat", body, headers={"X-MTP-Session": "agent-session"})
+        assert answer.status == 200, answer
+        sent.append(answer)
+        messages.append({"role": "assistant", "content": f"done with step {turn}"})
+    return sent
+
+
+ROW = """
+const row = document.querySelector(`#requests tr[data-id="${arguments[0]}"]`);
+if (!row) return null;
+const cell = (name) => row.querySelector(`td.${name}`).innerText.trim();
+return {depth: row.querySelector("td.c-depth").dataset.depth, depthText: cell("c-depth"),
+        reason: cell("c-reason"), output: cell("c-output"), prompt: cell("c-prompt"),
+        drafted: cell("c-drafted"), status: cell("c-status")};
+"""
+
+
+def test_the_page_shows_each_request_its_depth_and_why_and_the_backend(
+    proxy: ProxyProcess,
+) -> None:
+    with chromium() as browser, Background(proxy.url) as background:
+        browser.open(f"{proxy.url}/ui/#key={ADMIN_KEY}")
+        browser.wait_for("the page live", "return document.body.dataset.state === 'live'")
+        sent = agent_session(proxy.url)
+        for answer in sent:
+            shown = browser.wait_for(f"request {answer.request_id} shown", ROW, answer.request_id)
+            assert shown["depth"] == str(DEPTH[answer.profile]), (answer, shown)
+            assert shown["depthText"] == f"{DEPTH[answer.profile]} {answer.profile}"
+            assert shown["reason"].startswith(str(answer.reason)), (answer, shown)
+            assert shown["output"] == str(answer.output_tokens) and answer.output_tokens > 0
+            assert shown["prompt"].split()[0] == str(answer.context_tokens), (answer, shown)
+            drafted = f"{answer.draft_n} / {answer.draft_accepted}" if answer.draft_n else NOTHING
+            assert shown["drafted"].split("\n")[0] == drafted, (answer, shown)
+            assert shown["status"] == "200"
+        state = browser.wait_for(
+            "the backend's state",
+            "const r = document.querySelector(`#backends tr[data-backend='${arguments[0]}']`);"
+            "return r && r.dataset.state;",
+            BACKEND,
+        )
+        assert state == "ready"
+        card = browser.wait_for(
+            "the depth the process runs now, and why",
+            "const c = document.querySelector(`#depths .card[data-backend='${arguments[0]}']`);"
+            "return c && {depth: c.dataset.depth, why: c.querySelector('.why').innerText};",
+            BACKEND,
+        )
+        assert card["depth"] in {NOTHING, *map(str, DEPTH.values())} and card["why"], card
+        speedup = browser.wait_for(
+            "the speedup max earned against off",
+            "const c = document.querySelector("
+            "  '#learned td[data-profile=max]:not([data-speedup=\"\"])');"
+            "return c && c.dataset.speedup;",
+        )
+        assert float(speedup) > 0
+        browser.wait_for(
+            "the chart drawn", "return document.querySelectorAll('#speed-plot circle').length"
+        )
+        # Follow the agent: its session's tag shows its turns only (what the screenshot shows).
+        browser.run(
+            "document.querySelector(`#requests tr[data-id='${arguments[0]}'] .session`).click()",
+            sent[0].request_id,
+        )
+        shown_ids = browser.wait_for(
+            "only the agent's turns",
+            "const rows = [...document.querySelectorAll('#requests tbody tr')];"
+            "return rows.every((r) => r.querySelector('.session').innerText === 'agent-session')"
+            "  && rows.map((r) => r.dataset.id);",
+        )
+        assert set(shown_ids) == {answer.request_id for answer in sent}
+        browser.full_height()
+        png = browser.screenshot(SCREENSHOT)
+        errors = browser.console_errors()
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000
+    assert errors == [], errors
+    assert background.statuses and set(background.statuses) == {200}
+
+
+def test_without_a_key_the_page_says_how_to_get_one_and_reads_nothing(
+    proxy: ProxyProcess,
+) -> None:
+    with chromium() as browser:
+        browser.open(f"{proxy.url}/ui/")
+        browser.wait_for("the no-key notice", "return document.body.dataset.state === 'nokey'")
+        shown = browser.run(
+            "return {notice: document.querySelector('#nokey').innerText,"
+            " live: document.querySelector('#live').hidden,"
+            " rows: document.querySelectorAll('#live tbody tr').length,"
+            " fetched: performance.getEntriesByType('resource').map((e) => e.name)};"
+        )
+        errors = browser.console_errors()
+    assert "admin_key" in shown["notice"] and "#key=ADMIN_KEY" in shown["notice"]
+    assert shown["live"] is True and shown["rows"] == 0
+    assert not [url for url in shown["fetched"] if "/admin/" in url], shown["fetched"]
+    assert errors == []
+
+
+def test_a_wrong_key_is_refused_and_nothing_is_shown(proxy: ProxyProcess) -> None:
+    wrong = "not-the-admin-key"
+    with chromium() as browser:
+        browser.open(f"{proxy.url}/ui/#key={wrong}")
+        browser.wait_for("the refusal", "return document.body.dataset.state === 'refused'")
+        shown = browser.run(
+            "return {text: document.querySelector('#problem').innerText,"
+            " live: document.querySelector('#live').hidden,"
+            " rows: document.querySelectorAll('#live tbody tr').length,"
+            " fetched: performance.getEntriesByType('resource').map((e) => e.name)};"
+        )
+        errors = browser.console_errors()
+    assert "401" in shown["text"] and shown["live"] is True and shown["rows"] == 0
+    # The key went out as a header only: in no address the page asked for, and in no log line.
+    admin = [url for url in shown["fetched"] if "/admin/" in url]
+    assert admin and not [url for url in shown["fetched"] if wrong in url]
+    assert wrong not in proxy.log_path.read_text()
+    # The browser reports each refused read as a failed load; nothing else went wrong.
+    assert errors and all(e["source"] == "network" and "401" in e["message"] for e in errors)
