@@ -13,11 +13,21 @@ client's non-stream chat, one request at a time, p50 and p99:
   (they queue like any request and get 429 past the queue; a refused one waits 0.5 s, as
   SDK clients back off, before the next);
 
-and prints each with its ratio to quiet, so releases can be compared side by side.
+and prints each with its ratio to quiet, so releases can be compared side by side. Then the
+abuse of connections and slots (bench.abuse_slots): stalled forwarded bodies, trickled bodies,
+unread streams, a restart under load, and one huge complete answer, each with what a keyed
+client got meanwhile.
 
-    python -m bench.abuse [--requests 60] [--idle 2000] [--bombers 4] [--pinned 64] [--json]
+    python -m bench.abuse [--requests 60] [--idle 2000] [--bombers 4] [--pinned 64]
+                          [--cases quiet,idle_flood,...] [--window 15] [--holders 320]
+                          [--baseline CHECKOUT] [--json]
 
-Loopback only; bounded in count (the flags) and time (each phase: `--requests` requests).
+`--baseline CHECKOUT` runs every case on that checkout's proxy too (e.g. a clone of an older
+main), then on this one, and prints them side by side (settings the older proxy does not know
+are left out of its config).
+
+Loopback only; bounded in count (the flags) and time (each phase: `--requests` requests, each
+case of bench.abuse_slots: `--window` seconds).
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ import multiprocessing
 import socket
 import statistics
 import struct
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -41,7 +53,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.processes import start_proxy
+from bench import abuse_slots as slots
+from bench.processes import (
+    ProxyProcess,
+    die_with_parent,
+    ended_by_signals,
+    start_proxy,
+    start_server,
+)
 
 KEY = "sk-bench-abuse-0123456789"
 _CHAT = {
@@ -162,6 +181,7 @@ def _abuse_process(
 ) -> None:
     """In a process of its own (the measuring client must not share a GIL with the abusers):
     `threads` threads repeat one action until `stop` is set, then the answers are reported."""
+    die_with_parent()  # a benchmark's processes end with it, whatever ends it
     action = _ACTIONS[kind](*params)
     answers: Counter[int] = Counter()
     lock = threading.Lock()
@@ -243,15 +263,27 @@ def idle_flood(url: str, count: int) -> Iterator[dict[int, int]]:
             sock.close()
 
 
-def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
+LATENCY_PHASES = ("quiet", "idle_flood", "gzip_bombs", "pinned_flood")
+SLOT_CASES = ("big_answer", "forwarded_stall", "trickle", "unread_streams", "restart")
+"""In the order run: big_answer first, on a fresh proxy (its figure is a peak's growth)."""
+CAP = 256  # the proxies' connection cap: --holders exceed it
+ADMIN_KEY = "bench-abuse-admin"
+
+
+def run(proxy: ProxyProcess, args: argparse.Namespace) -> dict[str, Any]:
+    url = proxy.url
+    phases: dict[str, Any] = {}
     quiet = keyed_latencies(url, KEY, args.requests)
-    phases: dict[str, Any] = {"quiet": {"latency": asdict(quiet)}}
+    if "quiet" in args.cases:
+        phases["quiet"] = {"latency": asdict(quiet)}
     floods: dict[str, Callable[[], contextlib.AbstractContextManager[dict[int, int]]]] = {
         "idle_flood": lambda: idle_flood(url, args.idle),
         "gzip_bombs": lambda: bomb_flood(url, args.bombers, args.bomb_interval),
         "pinned_flood": lambda: pinned_flood(url, KEY, args.pinned, "max"),
     }
     for name, flood in floods.items():
+        if name not in args.cases:
+            continue
         with flood() as answers:
             time.sleep(1.0)  # let the abuse build up (the abusers' process starts)
             latency = keyed_latencies(url, KEY, args.requests)
@@ -265,25 +297,73 @@ def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     return phases
 
 
-def _config(args: argparse.Namespace) -> dict[str, Any]:
+def run_slots(proxy: ProxyProcess, args: argparse.Namespace) -> dict[str, Any]:
+    window, holders = args.window, args.holders
+    cases: dict[str, Callable[[], dict[str, Any]]] = {
+        "big_answer": lambda: slots.big_answer(proxy, KEY, args.big_mib),
+        "forwarded_stall": lambda: slots.forwarded_stall(proxy, KEY, holders, window),
+        "trickle": lambda: slots.trickle(proxy, KEY, holders, window),
+        "unread_streams": lambda: slots.unread_streams(proxy, KEY, ECHO_SLOTS, window),
+        "restart": lambda: slots.restart(proxy, KEY, ADMIN_KEY, 10, window),
+    }
+    return {name: case() for name, case in cases.items() if name in args.cases}
+
+
+ECHO_SLOTS = 4
+
+
+def _config(echo_url: str, known: set[str]) -> dict[str, Any]:
+    """Every case's models on one proxy; server settings the proxy does not know left out."""
     sim_args = ["--preset", "setup-b", "--time-scale", "20", "-np", "4", "-c", "131072"]
+    server = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "api_keys": [KEY],
+        "admin_key": ADMIN_KEY,
+        "max_queue": 32,
+        "queue_timeout_s": 10.0,
+        "body_timeout_s": 10.0,
+        "max_connections": CAP,
+        "send_timeout_s": 3.0,  # Hardening III's
+    }
+    profiles = [
+        {"name": "off"},
+        {"name": "min", "spec_type": "draft-mtp", "draft_n_max": 2, "draft_n_min": 1},
+        {"name": "max", "spec_type": "draft-mtp", "draft_n_max": 3},
+    ]
     return {
-        "server": {"host": "127.0.0.1", "port": 0, "api_keys": [KEY], "max_queue": 32},
+        "server": {key: value for key, value in server.items() if key in known},
         "log": {"level": "info", "format": "json"},
         "supervisor": {"stagger_s": 0.0},
         "models": [
+            {"name": "mtp-demo", "backend": "simulator", "args": sim_args, "profiles": profiles},
             {
-                "name": "mtp-demo",
+                "name": slots.ONE,
                 "backend": "simulator",
+                "draft_control": "per-request",
                 "args": sim_args,
-                "profiles": [
-                    {"name": "off"},
-                    {"name": "min", "spec_type": "draft-mtp", "draft_n_max": 2, "draft_n_min": 1},
-                    {"name": "max", "spec_type": "draft-mtp", "draft_n_max": 3},
-                ],
-            }
+                "profiles": profiles,
+            },
+            {
+                "name": slots.ECHO,
+                "backend": "simulator",
+                "slots": ECHO_SLOTS,
+                "profiles": [{"name": "e", "url": echo_url}],
+            },
         ],
     }
+
+
+def known_server_settings(checkout: Path | None) -> set[str]:
+    """The [server] settings the proxy of `checkout` (None: this one) knows."""
+    code = (
+        "import json; from proxy.config.settings import ServerSettings; "
+        "print(json.dumps(list(ServerSettings.model_fields)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=checkout, capture_output=True, text=True, check=True
+    )
+    return set(json.loads(done.stdout))
 
 
 def _print(phases: dict[str, Any]) -> None:
@@ -301,6 +381,29 @@ def _print(phases: dict[str, Any]) -> None:
         )
 
 
+def _slot_line(name: str, case: dict[str, Any]) -> str:
+    if name == "big_answer":
+        return (
+            f"{case['answer_mib']} MiB relayed ({case['status']}), proxy peak memory "
+            f"+{case['growth_mib']} MiB ({case['peak_before_mib']} -> {case['peak_after_mib']})"
+        )
+    line = f"keyed requests served {case['served']} {case['probes']}"
+    if name == "restart":
+        return line + f", 503s: {case['503s']}"
+    return line + f"; abusers got {case['abusers']}"
+
+
+def _print_slots(sides: dict[str, dict[str, Any]]) -> None:
+    for name in SLOT_CASES:
+        shown = [(side, result["slots"].get(name)) for side, result in sides.items()]
+        shown = [(side, case) for side, case in shown if case is not None]
+        if not shown:
+            continue
+        print(f"\n{name}")
+        for side, case in shown:
+            print(f"  {side:<7} {_slot_line(name, case)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -312,18 +415,43 @@ def main(argv: list[str] | None = None) -> int:
         "--bomb-interval", type=float, default=0.1, help="seconds between one thread's bombs"
     )
     parser.add_argument("--pinned", type=int, default=64, help="threads sending pinned requests")
+    parser.add_argument(
+        "--cases",
+        type=lambda v: [c for c in v.split(",") if c],
+        default=[*LATENCY_PHASES, *SLOT_CASES],
+        help="which phases and cases (comma-separated)",
+    )
+    parser.add_argument("--window", type=float, default=15.0, help="seconds of probes per case")
+    parser.add_argument("--holders", type=int, default=CAP + 64, help="stalled connections")
+    parser.add_argument("--big-mib", type=int, default=128, help="the big answer's size")
+    parser.add_argument("--baseline", type=Path, help="another checkout, run first (before)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench-abuse-") as workdir:
-        proxy = start_proxy(_config(args), Path(workdir))
+    checkouts: dict[str, Path | None] = {"after": None}
+    if args.baseline is not None:
+        checkouts = {"before": args.baseline.resolve(), **checkouts}
+    sides: dict[str, dict[str, Any]] = {}
+    with ended_by_signals(), tempfile.TemporaryDirectory(prefix="bench-abuse-") as workdir:
+        echo = start_server(["tests.support.misbehaving_backend", "--chunks", "3"])
         try:
-            phases = run(proxy.url, args)
+            for side, checkout in checkouts.items():
+                config = _config(echo.url, known_server_settings(checkout))
+                proxy = start_proxy(config, Path(workdir) / side, checkout=checkout)
+                try:
+                    held = run_slots(proxy, args)  # first: big_answer wants a fresh proxy
+                    sides[side] = {"phases": run(proxy, args), "slots": held}
+                finally:
+                    proxy.stop()
         finally:
-            proxy.stop()
+            echo.stop()
     if args.json:
-        print(json.dumps(phases, indent=2))
-    else:
-        _print(phases)
+        print(json.dumps(sides, indent=2))
+        return 0
+    for side, result in sides.items():
+        if result["phases"]:
+            print(f"\n[{side}]")
+            _print(result["phases"])
+    _print_slots(sides)
     return 0
 
 

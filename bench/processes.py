@@ -2,10 +2,19 @@
 
 Each runs as a child process exactly as a user runs it, on a loopback port; the proxy's JSON
 log goes to a file the caller can read (and that is shown when it fails to start).
+
+They end with the process that started them, whatever ends it: each child is killed by the
+kernel when its parent dies (Linux's parent-death signal; the proxy's own children die with the
+proxy the same way), so a benchmark stopped by `timeout` (SIGTERM), Ctrl-C or kill -9 leaves
+no proxy or simulator behind. `ended_by_signals` also turns SIGTERM and SIGHUP into an
+exception, so a benchmark's own clean-up (`finally:`) runs first.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import json
 import os
 import signal
@@ -15,13 +24,66 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import tomli_w
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    # Looked up in the parent: dlsym after fork could wait on a lock another thread held.
+    try:
+        function: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return function
+
+
+def _die_with_parent(prctl: Callable[..., int], parent: int) -> None:
+    """In the child, before exec: SIGKILL when the parent dies (the thread that forked it)."""
+    if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() != parent:
+        os._exit(1)  # the parent died between fork and prctl
+
+
+def child_dies_with_us() -> Callable[[], None] | None:
+    """A Popen `preexec_fn` that makes the child die with this process (None off Linux)."""
+    prctl = _prctl()
+    return None if prctl is None else functools.partial(_die_with_parent, prctl, os.getpid())
+
+
+def die_with_parent() -> None:
+    """Make the calling process die with its parent (for children not started by Popen, such
+    as multiprocessing's)."""
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class Terminated(SystemExit):
+    """SIGTERM or SIGHUP arrived (see ended_by_signals)."""
+
+
+@contextlib.contextmanager
+def ended_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Terminated in the main thread while inside: clean-up code runs
+    (the proxies are stopped) before the process ends, with 128 + the signal's number."""
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        raise Terminated(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def free_port() -> int:
@@ -115,6 +177,7 @@ def spawn_proxy(
             env=env,
             cwd=checkout,
             start_new_session=True,
+            preexec_fn=child_dies_with_us(),  # noqa: PLW1509 (only calls prctl, looked up before)
         )
     return ProxyProcess(process, log_path, port=0)
 
@@ -171,7 +234,11 @@ def start_server(module_args: list[str], *, timeout: float = 20.0) -> ServerProc
     port = free_port()
     argv = [sys.executable, "-m", *module_args, "--port", str(port)]
     process = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=child_dies_with_us(),  # noqa: PLW1509 (only calls prctl, looked up before)
     )
     server = ServerProcess(process, port)
     deadline = time.monotonic() + timeout

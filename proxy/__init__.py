@@ -12,6 +12,7 @@ Start-up (``mtp-proxy serve``) and the life of the process:
 - ``config.model_names``: the ``[model_names]`` section: names clients send -> models.
 - ``config.reference``: every setting's reference, rendered from the schema (docs/configuration.md).
 - ``config.__main__``: ``python -m proxy.config`` prints that reference.
+- ``config.files``: the local files a user names, read bounded (no FIFO, device or huge file).
 - ``config.overrides``: the service's environment (this shell's, the systemd unit's): the
   settings it overrides, where each was set, and the state file in force.
 - ``ops.logs``: structlog JSON lines (a console renderer on a tty), credentials redacted.

@@ -35,6 +35,9 @@ API_OF_PATH: dict[str, Api] = {
     "/completions": "completions",
     "/completion": "completions",
     "/responses": "responses",
+    # llama-server's code infill: /completion's answer for a prefix and a suffix (it generates,
+    # so it takes a slot and a depth like any completion).
+    "/infill": "completions",
 }
 """The generation routes: each path and the API it speaks."""
 

@@ -38,7 +38,7 @@ from proxy.plans.auto import on_ready, on_replaced
 from proxy.plans.plan import describe_plan, plans_of
 from proxy.routing.calibrate import Calibrator, Target
 from proxy.routing.router import Router
-from proxy.routing.stats import LearnedStats
+from proxy.routing.stats import LearnedStats, dump_stepwise
 from proxy.serving import handlers, passthrough
 from proxy.serving.admission import Admission
 from proxy.serving.backends import LiveBackends
@@ -80,7 +80,10 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
         router=Router(settings.routing, backends, _load_stats(settings.routing, learned_file)),
         admission=Admission(server.max_queue, server.queue_timeout_s),
         timeouts=Timeouts(
-            server.connect_timeout_s, server.first_byte_timeout_s, server.idle_timeout_s
+            server.connect_timeout_s,
+            server.first_byte_timeout_s,
+            server.idle_timeout_s,
+            server.send_timeout_s,
         ),
         plans=plans_of(settings),
         learned_file=learned_file,
@@ -180,7 +183,6 @@ async def _supervised_backends(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        sdnotify.notify("STOPPING=1")
         await supervisor.stop()  # waits for a reload under way (auto's fallback) to finish
         await asyncio.gather(*state.replans, return_exceptions=True)
 
@@ -282,7 +284,8 @@ async def _save_stats(state: ProxyState) -> None:
     if learned_file is None:
         return
     state.bookkeeping.flush()
-    data = state.router.stats.dumps()  # on the loop: consistent with the requests around it
+    # On the loop, a step at a time: consistent with the requests around it, never a stall.
+    data = await dump_stepwise(state.router.stats)
     try:
         await asyncio.get_running_loop().run_in_executor(None, learned_file.save, data)
     except OSError as exc:
@@ -354,6 +357,7 @@ async def _serve_on(
                 app[STATE].startup.wait(),
             )
             log.info("shutting_down")
+            sdnotify.notify("STOPPING=1")  # the stop begins now: the drain is part of it
         finally:
             reloader.close()  # a reload under way ends once the supervisor stops
             await drain(runner, app[REQUESTS], settings.supervisor.drain_timeout_s)

@@ -128,6 +128,21 @@ def completion_prompt(body: dict[str, Any]) -> Prompt:
     return Prompt(prompt, prompt)
 
 
+def infill_prompt(body: dict[str, Any]) -> Prompt:
+    """llama-server's /infill: `input_prefix` and `input_suffix` (required), `prompt` (the text
+    the cursor sits after) and `input_extra` (context chunks), as one prompt."""
+    prefix, suffix = body.get("input_prefix"), body.get("input_suffix")
+    if not isinstance(prefix, str) or not isinstance(suffix, str):
+        raise BadRequest("'input_prefix' and 'input_suffix' are required strings")
+    prompt = body.get("prompt", "")
+    extra = body.get("input_extra") or []
+    if not isinstance(prompt, str) or not isinstance(extra, list):
+        raise BadRequest("'prompt' must be a string and 'input_extra' a list")
+    chunks = [c.get("text", "") for c in extra if isinstance(c, dict)]
+    text = "".join(str(c) for c in chunks) + prefix + prompt + suffix
+    return Prompt(text, text)
+
+
 def messages_prompt(body: dict[str, Any]) -> Prompt:
     """Anthropic /v1/messages, as llama-server converts it: any role (Claude Code sends `system`
     turns after the first user turn), unknown block types dropped, tool results as text."""

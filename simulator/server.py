@@ -23,6 +23,7 @@ from simulator.prompts import (
     Prompt,
     chat_prompt,
     completion_prompt,
+    infill_prompt,
     messages_prompt,
     responses_prompt,
 )
@@ -93,10 +94,16 @@ def _refused(exc: BadRequest | TemplateRefused | ContextTooLong) -> web.Response
     return error_response(400, str(exc), "invalid_request_error")
 
 
-def _prompt(engine: Engine, api: Api, body: dict[str, Any]) -> Prompt:
-    """The body's prompt: converted (a 400 if it cannot be), then templated (a 500 where the
-    template refuses, as llama-server's Jinja errors)."""
-    prompt = _PARSERS[api](body)
+def _prompt(
+    engine: Engine,
+    api: Api,
+    body: dict[str, Any],
+    parse: Callable[[dict[str, Any]], Prompt] | None = None,
+) -> Prompt:
+    """The body's prompt: converted (a 400 if it cannot be; ``parse`` instead of the API's own
+    parser, as /infill's), then templated (a 500 where the template refuses, as llama-server's
+    Jinja errors)."""
+    prompt = (parse or _PARSERS[api])(body)
     roles = _ROLES.get(api)
     if engine.refuses_late_system and roles is not None:
         check_late_system(roles(body))
@@ -117,10 +124,12 @@ def _max_tokens(body: dict[str, Any], api: Api) -> int | None:
 # --- generation ---------------------------------------------------------------------------------
 
 
-async def _complete(api: Api, request: web.Request) -> web.StreamResponse:
+async def _complete(
+    api: Api, request: web.Request, parse: Callable[[dict[str, Any]], Prompt] | None = None
+) -> web.StreamResponse:
     engine = request.app[ENGINE]
     body = await json_body(request)
-    prompt = _prompt(engine, api, body)
+    prompt = _prompt(engine, api, body, parse)
     depth = requested_depth(body) if engine.config.request_draft else None
     job = engine.job(prompt, _max_tokens(body, api), bool(body.get("ignore_eos")), depth)
     model = body.get("model")
@@ -160,6 +169,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def native_completion(request: web.Request) -> web.StreamResponse:
     return await _complete(Api.NATIVE, request)
+
+
+async def infill(request: web.Request) -> web.StreamResponse:
+    """llama-server's /infill: a completion of prefix + prompt + suffix, /completion's answer."""
+    return await _complete(Api.NATIVE, request, infill_prompt)
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
@@ -282,6 +296,7 @@ def create_app(config: SimConfig, preset: Preset) -> web.Application:
     for path in ("/v1/completions", "/completions"):
         r.add_post(path, completions)
     r.add_post("/completion", native_completion)
+    r.add_post("/infill", infill)
     for path in ("/v1/responses", "/responses"):
         r.add_post(path, responses)
     r.add_post("/v1/messages", messages)

@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from proxy.config.files import CONFIG_LIMIT, read_local_file
 from proxy.config.model_names import ModelNameSettings
 from proxy.config.routing import RoutingSettings
 from supervisor.flags import PARALLEL, positive_int
@@ -401,6 +402,19 @@ class ServerSettings(BaseModel):
         gt=0,
         description="Seconds without body bytes while a request body is read; then 408.",
     )
+    body_min_rate_bytes_s: float = Field(
+        default=1024.0,
+        ge=0,
+        description="Least average rate of a request body in bytes/s, on every route. It must "
+        "be complete within body_timeout_s plus one second per this many bytes; slower gets 408 "
+        "(a body trickled a byte at a time cannot hold its connection); 0: no such deadline.",
+    )
+    send_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds an answer may wait for its client to read (nginx's send_timeout). "
+        "Past it the answer is cut, logged 499 and its backend slot freed.",
+    )
     keepalive_timeout_s: float = Field(
         default=75.0,
         gt=0,
@@ -613,8 +627,8 @@ def load_settings(path: Path | None) -> Settings:
     try:
         if path is None:
             text = resources.files("proxy.config").joinpath("default.toml").read_text("utf-8")
-        else:
-            text = path.read_text("utf-8")
+        else:  # bounded: a FIFO, a device or a huge file is refused, not read for ever
+            text = read_local_file(path, CONFIG_LIMIT).decode("utf-8")
         data: dict[str, Any] = tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(source, ["file not found"]) from None
@@ -622,6 +636,8 @@ def load_settings(path: Path | None) -> Settings:
         raise ConfigError(source, [f"cannot read: {exc}"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(source, [f"TOML syntax: {exc}"]) from None
+    except RecursionError:
+        raise ConfigError(source, ["TOML nested too deeply to read"]) from None
     try:
         return Settings(**data)
     except ValidationError as exc:

@@ -42,6 +42,10 @@ DROP = 0.2
 the two, it measures it again (one epoch at a time) until the comparison rests on ``DECIDED``
 times ``min_samples`` requests: an early comparison rests on a few requests of a few classes."""
 DECIDED = 2
+MAX_STORED = 1e30
+"""The largest number a saved state may hold: far past any real measurement, and small enough
+that no arithmetic on it overflows a float (a finite 1e308 weight did: every routing decision
+raised, every request answered 500)."""
 MIN_SD = 0.15
 """Floor of a class's log-speed spread: a few similar requests must not look certain."""
 PRIOR_GAP = math.log(0.75)
@@ -175,8 +179,11 @@ class BusyDepths:
                 dropped += 1
                 continue
             speed = LogSpeed(**{f.name: float(row[f.name]) for f in fields(LogSpeed)})
-            if not (speed.weight > 0 and speed.weight2 > 0 and math.isfinite(speed.mean)):
+            if not (speed.weight > 0 and speed.weight2 > 0 and speed.m2 >= 0):
                 raise ValueError(f"not a measurement: {row!r}")
+            if not all(abs(getattr(speed, f.name)) <= MAX_STORED for f in fields(LogSpeed)):
+                dropped += 1  # finite but absurd: its arithmetic would overflow
+                continue
             state.speeds[(str(row["class"]), int(row["level"]), str(row["profile"]))] = speed
         return state, dropped
 

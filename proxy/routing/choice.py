@@ -19,8 +19,18 @@ from proxy.routing.features import ContentKind
 from proxy.routing.stats import Estimate
 
 Reason = Literal[
-    "pinned", "affinity", "learned", "explore", "rule", "spill", "fallback", "busy", "collapsed"
+    "pinned",
+    "affinity",
+    "learned",
+    "explore",
+    "rule",
+    "spill",
+    "fallback",
+    "busy",
+    "collapsed",
+    "client",
 ]
+"""Why a request went where it did; "client": it set its own depth (``Router.client_depth``)."""
 
 FALLBACK_ORDER: dict[Role, tuple[Role, ...]] = {
     "max": ("max", "min", "off"),

@@ -44,6 +44,8 @@ log = structlog.get_logger("proxy.routing")
 BUSY_CONTEXT_PRIOR = 2.0
 """Admissions' worth of ``long_context_tokens`` in a process's busy context before it has any
 (``Router._busy_context``)."""
+CLIENT_PROFILE = "client"
+"""The label of a request that set a depth of its own that no profile has."""
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,29 @@ class Router:
         mean = squares / total if total > 0 else 0.0
         prior = float(self.settings.long_context_tokens)
         return (n * mean + BUSY_CONTEXT_PRIOR * prior) / (n + BUSY_CONTEXT_PRIOR)
+
+    def client_depth(self, model: str, route: Route, depth: int | None) -> Route:
+        """The route of a request that set its own depth (``"speculative.n_max"``) on a process
+        serving per-request depths: it runs at that depth, so it is labelled, leased and learned
+        as the profile of that depth (``CLIENT_PROFILE`` when no profile has it, or the value is
+        not a depth), reason "client". A busy admission the router counted for it is given back:
+        it is not one of the epoch's."""
+        per_request = self.per_request.get(model)
+        if per_request is None or route.depth is None:
+            return route
+        if route.reason == "busy":
+            busy = self.stats.busy[route.backend.name]
+            busy.left += 1
+            busy.sent[route.profile] -= 1
+        self.mix[(model, route.profile, route.reason)] -= 1
+        if self.mix[(model, route.profile, route.reason)] <= 0:
+            del self.mix[(model, route.profile, route.reason)]
+        depths = per_request.depths
+        profile = next((p for p in sorted(depths) if depths[p] == depth), CLIENT_PROFILE)
+        self.mix[(model, profile, "client")] += 1
+        detail = f"the client's own depth {depth}"
+        ran_at = route.depth if depth is None else depth
+        return replace(route, profile=profile, reason="client", detail=detail, depth=ran_at)
 
     def _busy_depth(
         self, backend: str, slots: int, per_request: PerRequestModel, *, calm: bool

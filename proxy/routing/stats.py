@@ -14,19 +14,21 @@ as an optional key: files without it load as before, and older readers ignore it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
 import os
-import stat
 import tempfile
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from proxy.config.files import read_local_file
 from proxy.config.routing import RoutingSettings, decay_factor
 from proxy.routing.busy import BusyDepths
 from proxy.routing.calibration import Calibration
@@ -47,11 +49,12 @@ the class's cells (every profile, that load level) keep one observation's weight
 trust, so the class explores again (ik_llama.cpp's autotune resets on a task change)."""
 _MIN_DECODE_TOKENS = 4  # shorter outputs give no meaningful decode rate
 _MIN_PREFILL_TOKENS = 32  # below this the fixed per-request overhead dominates
-_MAX_STATE_BYTES = 64 << 20  # a state file is kilobytes; anything far larger is not ours
+_MAX_STATE_BYTES = 16 << 20  # a state file is kilobytes; anything far larger is not ours
 _MAX_CHANGES = 20  # changes kept for /admin/routing
 RECENT_POINTS = 8
 """Per (model, kind, load level, profile), the last requests' (context, decode speed) kept for
 the context trend's local line (``choice.trend_estimates``); in memory only."""
+_DUMP_STEP = 256  # cells (or busy rows) serialized between two turns of the event loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,28 +443,39 @@ class LearnedStats:
     # --- persistence -------------------------------------------------------------------
 
     def dumps(self) -> bytes:
-        """Serialize (cheap; call on the event loop, write the bytes elsewhere)."""
+        """Serialize the whole state at once (for a caller off the event loop: see
+        ``dump_stepwise`` for one on it)."""
+        return b"".join(piece for piece in self.dump_pieces(_DUMP_STEP) if piece is not None)
+
+    def dump_pieces(self, step: int) -> Iterator[bytes | None]:
+        """The state's JSON in pieces, `step` cells or busy rows at a time, with None between
+        two steps: where a caller on the event loop lets it run (``dump_stepwise``). The cells
+        and backends are those of the moment each part begins; a cell's numbers those of the
+        moment it is written."""
+        yield b'{"version":%d,"buckets":%s,"cells":[' % (
+            _STATE_VERSION,
+            _compact(self._settings.context_buckets),
+        )
         cells = [
-            {
-                "model": model,
-                "bucket": cls.bucket,
-                "kind": cls.kind,
-                "profile": profile,
-                "level": level,
-                **cell.to_json(),
-            }
-            for (model, cls, level), by_profile in self._cells.items()
-            for profile, cell in by_profile.items()
+            (model, cls, level, profile, cell)
+            for (model, cls, level), by_profile in list(self._cells.items())
+            for profile, cell in list(by_profile.items())
         ]
-        state = {
-            "version": _STATE_VERSION,
-            "buckets": self._settings.context_buckets,
-            "cells": cells,
-            "chars_per_token": self.calibrator.to_json(),
-            "busy": {name: busy.to_json() for name, busy in sorted(self.busy.items())},
-            "calibrations": {key: c.to_json() for key, c in sorted(self.calibrations.items())},
-        }
-        return json.dumps(state, separators=(",", ":")).encode()
+        for start in range(0, len(cells), step):
+            rows = [_cell_row(*entry) for entry in cells[start : start + step]]
+            yield (b"," if start else b"") + _compact(rows)[1:-1]
+            yield None
+        yield b'],"chars_per_token":%s,"busy":{' % _compact(self.calibrator.to_json())
+        for n, (name, busy) in enumerate(sorted(list(self.busy.items()))):
+            rows = busy.to_json()
+            yield (b"," if n else b"") + _compact(name) + b":["
+            for start in range(0, len(rows), step):
+                yield (b"," if start else b"") + _compact(rows[start : start + step])[1:-1]
+                yield None
+            yield b"]"
+        yield b'},"calibrations":%s}' % _compact(
+            {key: c.to_json() for key, c in sorted(self.calibrations.items())}
+        )
 
     def save(self, path: Path) -> None:
         write_atomic(path, self.dumps())
@@ -472,7 +486,7 @@ class LearnedStats:
         stats = cls(settings)
         log = structlog.get_logger("proxy.routing.stats").bind(path=str(path))
         try:
-            state = json.loads(_read_regular_file(path, _MAX_STATE_BYTES))
+            state = json.loads(read_local_file(path, _MAX_STATE_BYTES))
         except FileNotFoundError:
             stats.load_report = "missing: starting empty"
             log.info("stats_state_missing")
@@ -541,24 +555,38 @@ class ModelStats:
         return self.stats.recent(kind, level, self.model)
 
 
+async def dump_stepwise(stats: LearnedStats, step: int = _DUMP_STEP) -> bytes:
+    """``stats.dumps()``, the same bytes, built on the event loop `step` rows at a time, letting
+    it run in between: a large state (tens of thousands of cells took a second) no longer stalls
+    every request at each save."""
+    pieces: list[bytes] = []
+    for piece in stats.dump_pieces(step):
+        if piece is None:
+            await asyncio.sleep(0)
+        else:
+            pieces.append(piece)
+    return b"".join(pieces)
+
+
+def _cell_row(
+    model: str, cls: RequestClass, level: int, profile: str, cell: _Cell
+) -> dict[str, Any]:
+    return {
+        "model": model,
+        "bucket": cls.bucket,
+        "kind": cls.kind,
+        "profile": profile,
+        "level": level,
+        **cell.to_json(),
+    }
+
+
+def _compact(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
 def _round(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
-
-
-def _read_regular_file(path: Path, limit: int) -> bytes:
-    """The file's bytes; OSError for anything but a regular file of at most `limit` bytes
-    (a FIFO at the path would block start-up forever, a device never end)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path} is not a regular file")
-        if info.st_size > limit:
-            raise OSError(f"{path} is larger than {limit} bytes")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(limit + 1)
-    finally:
-        os.close(fd)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -16,7 +16,12 @@ from dataclasses import dataclass, field
 from supervisor.spec import BackendSpec
 from supervisor.states import BackendState
 
-_COMING_BACK = frozenset({BackendState.STARTING, BackendState.STOPPED, BackendState.UNHEALTHY})
+# STOPPING too: a restart (admin, or a hung process replaced) goes through it, and requests of
+# a one-process model wait through a restart rather than get 503 (a backend stopped for good is
+# removed from the live backends once stopped, and its waiters time out with 429 at worst).
+_COMING_BACK = frozenset(
+    {BackendState.STARTING, BackendState.STOPPING, BackendState.STOPPED, BackendState.UNHEALTHY}
+)
 
 
 @dataclass

@@ -11,9 +11,13 @@ connections are idle (waiting for a request) and which are not. It then:
 
 - closes a connection whose request head is not complete `header_timeout_s` after its first
   byte (nginx's client_header_timeout; body reads have their own deadline, proxy.serving.body);
-- keeps at most `cap` connections: one more closes the connection that has waited longest
-  without a request in progress; when every connection is busy, the new one is refused with
-  a 503. The cap leaves file descriptors in reserve for backends, child pipes and files;
+- keeps at most `cap` connections: one more closes the connection that has waited longest,
+  either without a request in progress (idle) or reading its request body (proxy.serving.body
+  marks it: a client that holds a body half-sent holds nothing of the proxy's). Longest by the
+  time it entered that state: a new client is the youngest of all, so abusers that reconnect at
+  once push out each other, not it. When every connection is busy answering, the new one is
+  refused with a 503. The cap leaves file descriptors in reserve for backends, child pipes and
+  files;
 - lets a client that half-closes (SHUT_WR) after sending its request still read the answer,
   then closes the connection.
 """
@@ -24,6 +28,7 @@ import asyncio
 import contextlib
 import resource
 import socket
+import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import cast
@@ -47,11 +52,19 @@ ANSWER_COMPLETE = "mtp_proxy.answer_complete"
 ``response.completed``) reached the client: a FIN after it needs no answer any more."""
 _HALF_CLOSE_GRACE_S = 1.0  # a half-closed connection with no request handled by then is closed
 _MIN_CAP = 16
-CLOSE_CAUSES = ("header_timeout", "over_cap_idlest", "over_cap_refused", "half_closed")
+CLOSE_CAUSES = (
+    "header_timeout",
+    "over_cap_idlest",
+    "over_cap_reading",
+    "over_cap_refused",
+    "half_closed",
+    "send_timeout",
+)
 # How aiohttp's request handler queues a parse error (private: if a release renames it, a broken
 # chunk is answered by the body read deadline, 408, instead of at once, 400).
 _PARSE_ERROR: type | None = getattr(web_protocol, "_ErrInfo", None)
 _RESET_CHECK_S = 0.05  # a reset from loopback or a LAN is back by then; the sweep checks on
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends a reset
 
 
 class ListenError(Exception):
@@ -92,10 +105,14 @@ def connection_cap(max_connections: int, fd_reserve: int) -> int:
 
 
 class _Connection:
-    __slots__ = ("busy", "eof_at", "first_byte_at", "request", "transport")
+    __slots__ = ("busy", "eof_at", "first_byte_at", "protocol", "request", "since", "transport")
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(
+        self, transport: asyncio.Transport, protocol: asyncio.BaseProtocol, now: float
+    ) -> None:
         self.transport = transport
+        self.protocol = protocol  # aiohttp's request handler for the connection
+        self.since = now  # when it became idle, or began reading its body: its eviction age
         self.busy = 0  # requests being handled on this connection
         self.first_byte_at: float | None = None  # of the request head being read, if any
         self.eof_at: float | None = None  # when the client half-closed
@@ -109,6 +126,8 @@ class ConnectionGuard:
         self._open: dict[asyncio.Transport, _Connection] = {}
         # Connections without a request in progress, longest waiting first.
         self._idle: OrderedDict[asyncio.Transport, _Connection] = OrderedDict()
+        # Busy connections whose handler is reading the request body, longest reading first.
+        self._reading: OrderedDict[asyncio.Transport, _Connection] = OrderedDict()
         # Busy connections whose client sent FIN: gone entirely, or only done sending?
         self._after_fin: dict[asyncio.Transport, _Connection] = {}
         self._closed = Counter(
@@ -125,6 +144,12 @@ class ConnectionGuard:
             registry=registry,
         )
         gauge.set_function(lambda: len(self._open))
+        reading = Gauge(
+            "mtp_proxy_client_connections_reading",
+            "Client connections whose request body is being read now.",
+            registry=registry,
+        )
+        reading.set_function(lambda: len(self._reading))
 
     @property
     def open_count(self) -> int:
@@ -139,19 +164,29 @@ class ConnectionGuard:
         return factory
 
     # --- events from the wrapped protocol -------------------------------------------------
-    def accept(self, transport: asyncio.Transport) -> bool:
+    def accept(self, transport: asyncio.Transport, protocol: asyncio.BaseProtocol) -> bool:
         """A new connection; False when it is refused (every other one is busy)."""
-        if len(self._open) >= self.cap:
-            if not self._idle:
-                self._closed.labels("over_cap_refused").inc()
-                transport.write(_REFUSED)
-                transport.close()
-                return False
-            _, idlest = self._idle.popitem(last=False)
-            self._drop(idlest, "over_cap_idlest")
-        connection = _Connection(transport)
+        now = asyncio.get_running_loop().time()
+        if len(self._open) >= self.cap and not self._make_room():
+            self._closed.labels("over_cap_refused").inc()
+            transport.write(_REFUSED)
+            transport.close()
+            return False
+        connection = _Connection(transport, protocol, now)
         self._open[transport] = connection
         self._idle[transport] = connection
+        return True
+
+    def _make_room(self) -> bool:
+        """Close the connection waiting longest, idle or reading its body; False if none is."""
+        idlest = next(iter(self._idle.values()), None)
+        slowest = next(iter(self._reading.values()), None)
+        if idlest is not None and (slowest is None or idlest.since <= slowest.since):
+            self._drop(idlest, "over_cap_idlest")
+        elif slowest is not None:
+            self._drop(slowest, "over_cap_reading")  # its handler is cancelled: 499
+        else:
+            return False
         return True
 
     def received(self, transport: asyncio.Transport) -> bool:
@@ -184,7 +219,34 @@ class ConnectionGuard:
     def lost(self, transport: asyncio.Transport) -> None:
         self._open.pop(transport, None)
         self._idle.pop(transport, None)
+        self._reading.pop(transport, None)
         self._after_fin.pop(transport, None)
+
+    @contextlib.contextmanager
+    def reading(self, request: web.BaseRequest) -> Iterator[None]:
+        """The request's body is being read: until it is, its connection may be closed to make
+        room past the cap."""
+        transport = request.transport
+        connection = self._open.get(transport) if transport is not None else None
+        if connection is None or transport is None:
+            yield
+            return
+        connection.since = asyncio.get_running_loop().time()
+        self._reading[transport] = connection
+        try:
+            yield
+        finally:
+            self._reading.pop(transport, None)
+
+    def send_timed_out(self, request: web.BaseRequest) -> None:
+        """The client read nothing of its answer for the send deadline: cut the connection
+        (proxy.serving.forward), counted here with the other causes."""
+        transport = request.transport
+        connection = self._open.get(transport) if transport is not None else None
+        if connection is not None:
+            self._drop(connection, "send_timeout", abort=True)
+        elif transport is not None:
+            transport.abort()
 
     def framing_failed(self, transport: asyncio.Transport, inner: asyncio.BaseProtocol) -> None:
         """aiohttp's C parser reports a broken body framing (a malformed chunk) as a new error
@@ -244,6 +306,7 @@ class ConnectionGuard:
             connection.busy -= 1
             if not connection.busy and connection.transport in self._open:
                 connection.first_byte_at = None
+                connection.since = asyncio.get_running_loop().time()
                 self._idle[connection.transport] = connection
 
     # --- the deadline sweep ---------------------------------------------------------------
@@ -261,13 +324,27 @@ class ConnectionGuard:
             started = connection.first_byte_at
             if started is not None and now - started > self.header_timeout_s:
                 self._drop(connection, "header_timeout")
-            elif connection.eof_at is not None and now - connection.eof_at > _HALF_CLOSE_GRACE_S:
+            elif (
+                connection.eof_at is not None
+                and now - connection.eof_at > _HALF_CLOSE_GRACE_S
+                and not pipelined(connection)
+            ):
                 self._drop(connection, "half_closed")
 
-    def _drop(self, connection: _Connection, reason: str) -> None:
+    def _drop(self, connection: _Connection, reason: str, *, abort: bool = False) -> None:
+        """Close a connection; `abort` resets it, dropping what is still unsent (as nginx's
+        reset_timedout_connection): a plain close of a socket whose client reads nothing
+        leaves the kernel sending the rest, and the client never sees the end."""
         self._closed.labels(reason).inc()
         self.lost(connection.transport)
-        connection.transport.close()
+        if not abort:
+            connection.transport.close()
+            return
+        sock = connection.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+        connection.transport.abort()
 
 
 class _Guarded(asyncio.Protocol):
@@ -284,7 +361,7 @@ class _Guarded(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
         self._transport = cast(asyncio.Transport, transport)
-        if self._guard.accept(self._transport):
+        if self._guard.accept(self._transport, self._inner):
             self._made = True
             self._inner.connection_made(transport)
 
@@ -347,6 +424,17 @@ class GuardedSite(web.BaseSite):
 CONNECTIONS = web.AppKey("connections", ConnectionGuard)
 
 
+@contextlib.contextmanager
+def reading(request: web.Request) -> Iterator[None]:
+    """Mark the request's connection as reading its body (see ConnectionGuard.reading)."""
+    guard = request.app.get(CONNECTIONS)
+    if guard is None:
+        yield
+        return
+    with guard.reading(request):
+        yield
+
+
 @web.middleware
 async def track_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Marks the connection busy while its request is handled; after a half-close the
@@ -356,6 +444,13 @@ async def track_requests(request: web.Request, handler: Handler) -> web.StreamRe
         return await handler(request)
     with guard.handling(request) as conn:
         response = await handler(request)
-        if conn is not None and conn.eof_at is not None:
-            response.force_close()
+        if conn is not None and conn.eof_at is not None and not pipelined(conn):
+            response.force_close()  # the last request before the client's FIN: answered, done
         return response
+
+
+def pipelined(connection: _Connection) -> bool:
+    """Whether requests the client sent before its FIN are still queued on the connection
+    (pipelining): each gets its answer before the connection closes. aiohttp keeps them in its
+    handler's message queue (private: without it, the connection closes after the current one)."""
+    return bool(getattr(connection.protocol, "_messages", None))

@@ -16,7 +16,7 @@ from structlog.typing import FilteringBoundLogger
 from proxy.apis import CLIENT_CLOSED, DEPTH_KEY, Api, dialect_of
 from proxy.compat.request import Chained, RequestMends, Rewriter
 from proxy.ops.request_log import LOGGED, request_id, request_logger
-from proxy.routing.router import Route
+from proxy.routing.router import CLIENT_PROFILE, Route
 from proxy.routing.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
 from proxy.serving.admission import QueueRefused
 from proxy.serving.depth_field import with_depth
@@ -28,6 +28,7 @@ from proxy.serving.forward import (
     open_upstream,
     relay_body,
     relay_stream,
+    sent,
     upstream_headers,
     upstream_url,
 )
@@ -35,6 +36,7 @@ from proxy.serving.responses_events import ResponsesEventIndexer
 from proxy.state import ProxyState
 
 _RETRY_AFTER_S = 2.0
+_HOLDER_LANE = "\x01"  # admission lane of requests waiting for one backend (no profile has it)
 # Answers without per-request draft counts: acceptance comes from the backend's /metrics.
 _NO_TIMINGS = frozenset({"messages", "responses"})
 
@@ -64,6 +66,8 @@ class Exchange:
         self.sequence = 0
         request[LOGGED] = True  # every way out of an exchange writes the request's line
         self.own_depth = DEPTH_KEY in body  # the client chose its depth: it is not replaced
+        depth = body.get(DEPTH_KEY)
+        self.client_depth = None if isinstance(depth, bool) or not isinstance(depth, int) else depth
         self.ran_mixed = False  # decoded beside another depth on its process (not learned from)
         self.single_depth_s = 0.0  # ... and how long it ran busy beside its own depth only
         self.single_depth_load = 0.0  # ... with how many decoding then, on average
@@ -98,8 +102,12 @@ class Exchange:
                 route = self.state.router.route(self.model, self.features, exclude=tried)
                 if route is None:
                     continue  # the slot went to another request between wake-up and routing
+                if self.own_depth:  # it runs at its own depth: leased and labelled so
+                    route = self.state.router.client_depth(self.model, route, self.client_depth)
                 self.route = route
                 self.state.metrics.decisions.labels(self.model, route.reason, route.profile).inc()
+                if not route.backend.has_room and (refusal := await self._wait_for(route)):
+                    return refusal
                 try:
                     return await self._attempt(route)
                 except UpstreamUnavailable as exc:
@@ -165,6 +173,22 @@ class Exchange:
             )
         return None
 
+    async def _wait_for(self, route: Route) -> web.Response | None:
+        """The policy kept a session on its cache holder although it is full (waiting there was
+        judged cheaper than processing the prompt again elsewhere): wait here for a slot of it,
+        in order, in a lane of its own, rather than send the request past its slots, where
+        llama-server would queue it out of sight. A 429 past the queue's limits."""
+        backend = route.backend
+        try:
+            await self.state.admission.admit(
+                self.model, lambda: backend.has_room, lane=f"{_HOLDER_LANE}{backend.name}"
+            )
+        except QueueRefused as refused:
+            self._refused(429, str(refused))
+            message = f"too many requests queued: {refused}"
+            return error_response(self.dialect, 429, message, retry_after=refused.retry_after_s)
+        return None
+
     def _unavailable(self, tried: set[str]) -> web.Response:
         status = 502 if tried else 503
         message = (
@@ -217,10 +241,11 @@ class Exchange:
         deferred (proxy.ops.bookkeeping), and aiohttp would otherwise write it only after the
         handler returned."""
         if out.prepared:
-            return  # a stream: already sent
+            return  # a stream, or a large answer relayed as it came: already sent
+        send_s = self.state.timeouts.send_s
         with contextlib.suppress(ConnectionError):  # the client left; the request still counts
-            await out.prepare(self.request)
-            await out.write_eof()
+            await sent(self.request, out.prepare(self.request), send_s)
+            await sent(self.request, out.write_eof(), send_s)
 
     async def _relay(
         self, response: aiohttp.ClientResponse, route: Route, first_chunk: Callable[[], None]
@@ -230,7 +255,7 @@ class Exchange:
             "X-MTP-Route-Reason": route.reason,
             "X-MTP-Backend": route.backend.name,
         }
-        idle = self.state.timeouts.idle_s
+        timeouts = self.state.timeouts
         if is_event_stream(response):
             self.sink = self.state.router.stream_telemetry(self.api)
             self.relayed = Relayed(status=response.status, streamed=True)
@@ -246,15 +271,23 @@ class Exchange:
                 extra,
                 api=self.api,
                 sink=self.sink,
-                idle_s=idle,
+                timeouts=timeouts,
                 relayed=self.relayed,
                 rewriter=indexer,
                 first_chunk=first_chunk,
             )
-        out, relayed = await relay_body(response, extra, idle)
-        if self.mends.tools and isinstance(out.body, bytes) and response.status == 200:
-            out.body = self.mends.answer_body(out.body)
+        out, relayed = await relay_body(self.request, response, extra, timeouts)
+        if self.mends.tools and response.status == 200:
+            self._mend_answer(out)
         return out, relayed
+
+    def _mend_answer(self, out: web.StreamResponse) -> None:
+        """Rewrite a complete answer as the client expects it (proxy.compat). Only one still
+        held whole can be: a large one was relayed as it came, never held (Hardening III)."""
+        if isinstance(out, web.Response) and isinstance(out.body, bytes) and not out.prepared:
+            out.body = self.mends.answer_body(out.body)
+        else:
+            self.log.warning("answer_not_mended", reason="too large: relayed as it came")
 
     def _requested_model(self) -> str:
         named = self.features_model
@@ -312,6 +345,7 @@ class Exchange:
         done_at: float,
         spec_delta: SpecCounters | None = None,
     ) -> Observation:
+        unprofiled = route.profile == CLIENT_PROFILE
         observation = self.state.router.observe(
             route,
             self.features,
@@ -320,9 +354,10 @@ class Exchange:
             done_at=done_at,
             spec_delta=spec_delta,
             # A per-request depth is learned from runs at that depth alone: beside another
-            # depth the speed is the mix's (routing.depth).
-            learn=route.depth is None or not (self.own_depth or self.ran_mixed),
-            single_depth_s=0.0 if self.own_depth else self.single_depth_s,
+            # depth the speed is the mix's (routing.depth). A client's own depth is learned as
+            # the profile of that depth, if one has it (Router.client_depth).
+            learn=route.depth is None or not (unprofiled or self.ran_mixed),
+            single_depth_s=0.0 if unprofiled else self.single_depth_s,
             single_depth_load=self.single_depth_load,
             others_at_end=self.others_at_end,
         )

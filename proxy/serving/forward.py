@@ -2,14 +2,23 @@
 
 A failure before anything reached the client raises `UpstreamUnavailable`, which the caller may
 retry on another backend. Once the first byte of a stream has gone out, a failure ends the stream
-with an error event in the stream's own format: never a silently truncated stream.
+with an error event in the stream's own format: never a silently truncated stream. A complete
+(non-stream) answer is held whole up to 1 MiB (a failure before its end may still be retried),
+and relayed as it comes past that, never held whole: the proxy keeps only what its telemetry
+reads (`KeptBody`), and a failure then cuts the client's connection (a short body, never one
+that looks complete).
+
+Every write to the client has a deadline (`Timeouts.send_s`, nginx's send_timeout): a client
+that reads nothing for that long has its connection cut (`SendTimedOut`, logged 499), so that it
+cannot hold a backend slot by not reading.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -18,7 +27,7 @@ import yarl
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.serving.connections import ANSWER_COMPLETE
+from proxy.serving.connections import ANSWER_COMPLETE, CONNECTIONS
 from proxy.serving.errors import stream_error_event
 
 # Headers that describe one hop, not the message (RFC 9110 section 7.6.1), plus those aiohttp
@@ -54,6 +63,11 @@ class UpstreamUnavailable(Exception):
     """The backend failed before any byte reached the client: safe to retry elsewhere."""
 
 
+class SendTimedOut(ConnectionResetError):
+    """The client read nothing of its answer for the send deadline; its connection is cut.
+    A ConnectionError: whoever handles a client that left handles this one (499)."""
+
+
 class ChunkSink(Protocol):
     def feed(self, chunk: bytes, now: float | None = None) -> None: ...
 
@@ -82,6 +96,7 @@ class Timeouts:
     connect_s: float
     first_byte_s: float
     idle_s: float
+    send_s: float = 60.0  # a write to the client may wait this long for it to read
 
     @functools.cached_property
     def until_first_byte(self) -> aiohttp.ClientTimeout:
@@ -167,18 +182,157 @@ async def open_upstream(
 
 
 async def relay_body(
-    response: aiohttp.ClientResponse, headers: Mapping[str, str], idle_s: float
-) -> tuple[web.Response, Relayed]:
-    """Relay a complete (non-stream) answer; the body is kept for telemetry."""
-    _set_read_timeout(response, idle_s)
-    try:
-        body = await response.read()
+    request: web.Request,
+    response: aiohttp.ClientResponse,
+    headers: Mapping[str, str],
+    timeouts: Timeouts,
+) -> tuple[web.StreamResponse, Relayed]:
+    """Relay a complete (non-stream) answer. Up to `KeptBody.WHOLE` bytes it is read whole
+    first and returned unsent, as a web.Response (an error gets the API's shape from the
+    middleware; a backend that fails or stalls before its end may be retried elsewhere:
+    UpstreamUnavailable). A larger one is relayed as it comes from there on, never held whole:
+    `Relayed.body` keeps only what the telemetry reads (`KeptBody`), and a failure past that
+    point cuts the client's connection (a short body, never one that looks complete)."""
+    _set_read_timeout(response, timeouts.idle_s)
+    read = response.content.readany
+    kept = KeptBody()
+    try:  # nothing reached the client yet: a failure here may be retried elsewhere
+        while (chunk := await read()) and kept.feed(chunk):
+            pass
     except _UPSTREAM_ERRORS as exc:
         raise UpstreamUnavailable(f"body lost: {type(exc).__name__}: {exc}") from exc
-    out = web.Response(
-        status=response.status, body=body, headers=client_headers(response.headers, headers)
-    )
-    return out, Relayed(status=response.status, streamed=False, body=body)
+    out_headers = client_headers(response.headers, headers)
+    if not chunk:  # the whole answer is here
+        body = kept.result()
+        whole = web.Response(status=response.status, body=body, headers=out_headers)
+        return whole, Relayed(status=response.status, streamed=False, body=body)
+    out = web.StreamResponse(status=response.status, headers=out_headers)
+    if response.content_length is not None:
+        out.content_length = response.content_length  # the client sees a plain body, as sent
+    relayed = Relayed(status=response.status, streamed=False)
+    send_s = timeouts.send_s
+    await sent(request, out.prepare(request), send_s)
+    await sent(request, out.write(kept.held()), send_s)
+    while True:
+        try:
+            chunk = await read()
+        except _UPSTREAM_ERRORS as exc:
+            relayed.upstream_error = f"{type(exc).__name__}: {exc}"
+            relayed.body = kept.result()
+            if request.transport is not None:
+                request.transport.abort()  # a short body, never one that looks complete
+            return out, relayed
+        if not chunk:
+            break
+        kept.feed(chunk)
+        await sent(request, out.write(chunk), send_s)
+    await sent(request, out.write_eof(), send_s)
+    relayed.body = kept.result()
+    return out, relayed
+
+
+class KeptBody:
+    """What the proxy keeps of a complete answer: the whole body up to `WHOLE` bytes (every
+    answer but the huge ones), relayed once complete; past that, only the last `TAIL` bytes,
+    where llama-server writes its top-level `timings` and `usage` (its JSON keys come sorted:
+    they follow `choices`, `content`, `output`), and from them a small document of those two
+    alone for the telemetry (`telemetry.parse_body`). Memory per answer: at most WHOLE + TAIL,
+    whatever its size."""
+
+    WHOLE = 1 << 20
+    TAIL = 64 * 1024
+    _KEYS = (b'"timings"', b'"usage"')
+
+    __slots__ = ("_parts", "_size", "_tail")
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] | None = []
+        self._size = 0
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> bool:
+        """Keep what is needed of `chunk`; False once the body is past WHOLE: `held` then
+        gives what was held until then, and only the tail is kept from there on (from the
+        next chunk on, if `held` was not called)."""
+        if self._parts is not None and self._size > self.WHOLE:
+            self.held()
+        self._size += len(chunk)
+        if self._parts is not None:
+            self._parts.append(chunk)
+            return self._size <= self.WHOLE
+        self._tail = (self._tail + chunk)[-self.TAIL :]
+        return False
+
+    def held(self) -> bytes:
+        """The body held whole so far, given up: only its tail is kept from now on."""
+        data = b"".join(self._parts or ())
+        self._parts = None
+        self._tail = data[-self.TAIL :]
+        return data
+
+    def result(self) -> bytes:
+        if self._parts is not None:
+            return b"".join(self._parts)
+        found = [
+            key + b":" + value
+            for key in self._KEYS
+            if (value := _last_object_of(self._tail, key)) is not None
+        ]
+        return b"{" + b",".join(found) + b"}"
+
+
+def _last_object_of(data: bytes, key: bytes) -> bytes | None:
+    """The JSON object that follows the last `key` (a quoted member name) in `data`, as bytes,
+    or None. Text that mentions the key cannot match: inside a JSON string its quotes are
+    escaped."""
+    at = len(data)
+    while (at := data.rfind(key, 0, at)) >= 0:
+        after = data[at + len(key) :].lstrip()
+        if after.startswith(b":"):
+            end = _object_end(value := after[1:].lstrip())
+            if end is not None:
+                return value[:end]
+    return None
+
+
+def _object_end(data: bytes) -> int | None:
+    """The length of the JSON object at the start of `data`, or None if it is not one."""
+    if not data.startswith(b"{"):
+        return None
+    depth, in_string, escaped = 0, False, False
+    for i, byte in enumerate(data):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte == 0x7B:  # {
+            depth += 1
+        elif byte == 0x7D:  # }
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+async def sent(request: web.Request, writing: Awaitable[object], send_s: float) -> None:
+    """Await a write to the client, at most `send_s`: past it the client has read nothing for
+    that long (the write waits while the socket's buffers are full), so its connection is cut
+    and SendTimedOut raised (nginx's send_timeout)."""
+    try:
+        async with asyncio.timeout(send_s):
+            await writing
+    except TimeoutError:
+        guard = request.app.get(CONNECTIONS)
+        if guard is not None:
+            guard.send_timed_out(request)
+        elif request.transport is not None:
+            request.transport.abort()
+        raise SendTimedOut(f"the client read nothing of its answer for {send_s:g} s") from None
 
 
 async def relay_stream(
@@ -188,7 +342,7 @@ async def relay_stream(
     *,
     api: str,
     sink: ChunkSink,
-    idle_s: float,
+    timeouts: Timeouts,
     relayed: Relayed | None = None,
     rewriter: ChunkRewriter | None = None,
     first_chunk: Callable[[], None] | None = None,
@@ -206,19 +360,20 @@ async def relay_stream(
     if relayed is None:
         relayed = Relayed(status=response.status, streamed=True)
     final = FinalEventWatch(api)
-    _set_read_timeout(response, idle_s)
-    await out.prepare(request)
+    send_s = timeouts.send_s
+    _set_read_timeout(response, timeouts.idle_s)
+    await sent(request, out.prepare(request), send_s)
     read = response.content.readany
     while True:
         try:
             chunk = await read()
         except _UPSTREAM_ERRORS as exc:
             relayed.upstream_error = f"{type(exc).__name__}: {exc}"
-            await out.write(stream_error_event(api, "the backend failed mid-stream"))
+            await sent(request, out.write(stream_error_event(api, _MID_STREAM)), send_s)
             break
         if not chunk:
             if rewriter is not None and (rest := rewriter.flush()):
-                await out.write(rest)
+                await sent(request, out.write(rest), send_s)
             break
         now = time.perf_counter()
         if relayed.first_chunk_at is None:
@@ -230,12 +385,15 @@ async def relay_stream(
         sink.feed(chunk, now)
         if rewriter is not None:
             chunk = rewriter.feed(chunk)
-        await out.write(chunk)
+        await sent(request, out.write(chunk), send_s)
         if not relayed.final_relayed and final.seen_in(chunk):
             relayed.final_relayed = True
             request[ANSWER_COMPLETE] = True
-    await out.write_eof()
+    await sent(request, out.write_eof(), send_s)
     return out, relayed
+
+
+_MID_STREAM = "the backend failed mid-stream"
 
 
 class FinalEventWatch:
@@ -267,7 +425,10 @@ def is_event_stream(response: aiohttp.ClientResponse) -> bool:
 
 def _set_read_timeout(response: aiohttp.ClientResponse, seconds: float) -> None:
     # The first byte may take minutes (prefill of a long prompt); after it, silence between
-    # chunks means a hung backend, so the read timeout is tightened to the idle limit.
+    # chunks means a hung backend, so the read timeout is tightened to the idle limit. The
+    # timer running is restarted with it: aiohttp only reschedules it when bytes arrive, so a
+    # backend whose last bytes came with the head stalled under first_byte_s (10 minutes).
     connection = response.connection
     if connection is not None and connection.protocol is not None:
         connection.protocol.read_timeout = seconds
+        connection.protocol.start_timeout()

@@ -20,7 +20,7 @@ from proxy.apis import Api, dialect_of
 from proxy.compat.request import RequestMends
 from proxy.config.settings import Settings
 from proxy.ops.request_log import LOGGED, request_id, request_logger
-from proxy.serving.body import BodyRefused, read_body
+from proxy.serving.body import BodyLimits, BodyRefused, read_body
 from proxy.serving.errors import error_response
 from proxy.serving.exchange import Exchange
 from proxy.serving.model_names import unknown_model_message
@@ -42,13 +42,9 @@ def generation_handler(api: Api) -> Handler:
 async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
     state = request.app[STATE]
     received = time.perf_counter()
-    server = state.settings.server
     try:
         raw = await read_body(
-            request,
-            max_bytes=server.max_body_bytes,
-            timeout_s=server.body_timeout_s,
-            inflating=state.inflating,
+            request, BodyLimits.of(state.settings.server), inflating=state.inflating
         )
     except BodyRefused as refused:
         response = refuse(request, api, refused.status, refused.message, received)
@@ -72,6 +68,8 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
     mends = RequestMends(state.settings.compat, api, raw, body, state.late_system.get)
     if mends.refusal is not None:  # a field llama-server would silently drop (proxy.compat)
         return refuse(request, api, 400, mends.refusal, received)
+    if request.path == "/infill":  # the router's view only: the mends saw the client's body
+        body = infill_as_completion(body)
     exchange = Exchange(state, request, api, model, raw, body, received, mends)
     return await exchange.run()
 
@@ -128,6 +126,17 @@ def refuse(
 
     state.bookkeeping.defer(record)
     return error_response(dialect_of(api), status, message, code=code)
+
+
+def infill_as_completion(body: dict[str, Any]) -> dict[str, Any]:
+    """How the router sees an /infill body (the bytes forwarded are the client's): a completion
+    whose prompt is the context chunks, the prefix, the prompt and the suffix, so that its
+    size, and so its class, count them all."""
+    extra = body.get("input_extra")
+    extra = extra if isinstance(extra, list) else []
+    chunks = [c.get("text") for c in extra if isinstance(c, dict)]
+    parts = [*chunks, body.get("input_prefix"), body.get("prompt"), body.get("input_suffix")]
+    return {**body, "prompt": [p for p in parts if isinstance(p, str)]}
 
 
 def _parse_object(raw: bytes) -> tuple[dict[str, Any] | None, str]:

@@ -20,8 +20,9 @@ log = structlog.get_logger("proxy")
 # Paths any client may reach without a key: health checks and scrapes (the listener is loopback by
 # default; put /metrics behind the network, not behind a client key).
 # The live page's files (/ui, /ui/...) hold no data: it reads /admin/* with the admin key.
-_OPEN_PATHS = frozenset({"/health", "/v1/health", "/metrics", "/ui"})
-_OWN_KEY_PREFIXES = ("/admin/", "/ui/")  # the admin key guards /admin/* itself
+OPEN_PATHS = frozenset({"/health", "/v1/health", "/metrics", "/ui"})
+OPEN_PREFIXES = ("/ui/",)
+_OWN_KEY_PREFIXES = ("/admin/",)  # the admin key guards /admin/* itself
 _LINGER_BYTES = 64 * 1024  # refused bodies up to this size are read (and dropped) as usual
 # Forwarded answers whose errors get the called API's envelope, like the generation routes'.
 _RESHAPED_PATHS = frozenset(API_OF_PATH) | frozenset(FORWARDED_POST)
@@ -48,7 +49,11 @@ def key_matches(presented: str, keys: list[str]) -> bool:
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     received = time.perf_counter()
     keys = request.app[STATE].settings.server.api_keys
-    if not keys or request.path in _OPEN_PATHS or request.path.startswith(_OWN_KEY_PREFIXES):
+    if (
+        not keys
+        or request.path in OPEN_PATHS
+        or request.path.startswith(OPEN_PREFIXES + _OWN_KEY_PREFIXES)
+    ):
         return await handler(request)
     presented = presented_key(request)
     if presented is None or not key_matches(presented, [k.get_secret_value() for k in keys]):
@@ -88,6 +93,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         raise  # the client went away: nobody is left to answer
     except Exception:
         log.exception("unhandled_error", path=request.path, method=request.method)
+        if request.writer is not None and request.writer.output_size:
+            # Part of the answer is out: an error answer now would write a second HTTP head
+            # into its body. Cut the connection instead: the client sees a broken answer.
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError("answer cut: internal error after it began") from None
         return error_response(dialect, 500, "internal error in mtp-proxy")
     reshape = request.path in _RESHAPED_PATHS
     if response.status < 400 or not isinstance(response, web.Response) or not reshape:

@@ -3,7 +3,14 @@
 Read-only and token-counting routes (`/tokenize`, `/v1/messages/count_tokens`, `/v1/embeddings`,
 `GET /props`...) go to a ready backend of the model the body names (or the only/default model
 when it names none), query string kept, answer relayed as it comes. They are not routed by the
-policy and take no slot: any ready backend of the model gives the same answer.
+policy: any ready backend of the model gives the same answer. Their bodies are read like a
+generation's (proxy.serving.body: deadlines, size, gzip).
+
+Those that compute on a backend's slots (`COMPUTED`: embeddings and reranking, which llama-server
+runs as tasks of its slots) take a slot like a generation: they wait in the model's queue
+(proxy.serving.admission) for a backend with room, 429 past it. Token counting, tokenize and
+templates run on llama-server's HTTP threads (its handle_count_tokens tokenizes, no slot) and
+take none. `/infill` generates: it is a generation route (proxy.apis), routed with a depth.
 
 Routes that change a backend's state (`POST /props`, `/slots` and its actions, `POST
 /lora-adapters`, the router's `/models/load`...) would let one client change what every other
@@ -20,11 +27,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.apis import dialect_of_path
+from proxy.apis import Dialect, dialect_of_path
 from proxy.compat.request import counted_body
 from proxy.ops.access_log import LOG_FIELDS
 from proxy.ops.metrics import UNROUTED
+from proxy.serving.admission import QueueRefused
 from proxy.serving.backends import LiveBackend
+from proxy.serving.body import BodyLimits, BodyRefused, read_body
 from proxy.serving.errors import error_response
 from proxy.serving.forward import (
     UpstreamUnavailable,
@@ -34,8 +43,9 @@ from proxy.serving.forward import (
     upstream_headers,
     upstream_url,
 )
+from proxy.serving.handlers import answer_and_close
 from proxy.serving.model_names import unknown_model_message
-from proxy.state import STATE
+from proxy.state import STATE, ProxyState
 
 FORWARDED_POST = (
     "/v1/messages/count_tokens",
@@ -49,13 +59,25 @@ FORWARDED_POST = (
     "/v1/embeddings",
     "/embeddings",
     "/embedding",
-    "/infill",
     "/v1/rerank",
     "/rerank",
     "/v1/reranking",
     "/reranking",
 )
 FORWARDED_GET = ("/props", "/lora-adapters")
+COMPUTED = frozenset(
+    {
+        "/v1/embeddings",
+        "/embeddings",
+        "/embedding",
+        "/v1/rerank",
+        "/rerank",
+        "/v1/reranking",
+        "/reranking",
+    }
+)
+"""Forwarded routes that llama-server computes on its slots: they take one through admission."""
+_RETRY_AFTER_S = 2.0
 # (method, path) pairs that change a backend's state; "*" is any method.
 REFUSED = (
     ("POST", "/props"),
@@ -120,15 +142,21 @@ async def forward(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     dialect = dialect_of_path(request.path)
     try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        limit = state.settings.server.max_body_bytes
-        return error_response(dialect, 413, f"request body exceeds {limit} bytes")
+        raw = await read_body(
+            request, BodyLimits.of(state.settings.server), inflating=state.inflating
+        )
+    except BodyRefused as refused:
+        response = error_response(dialect, refused.status, refused.message)
+        if refused.status in (400, 408):  # the connection's framing or client is broken
+            await answer_and_close(request, response)
+        return response
     named = _named_model(raw) if raw else request.query.get("model")
     model = state.models.resolve(named)
     if model is None:
         return error_response(dialect, 404, unknown_model_message(named), code="model_not_found")
     request[LOG_FIELDS] = {"model": model}
+    if request.path in COMPUTED:  # none counts tokens: their bodies go as they came
+        return await _forward_computed(request, state, model, raw, dialect)
     checked = state.late_system.get  # a token count is mended as its generation would be
     for backend in _candidates(state.backends.ready_of_model(model)):
         request[LOG_FIELDS]["backend"] = backend.name
@@ -137,8 +165,47 @@ async def forward(request: web.Request) -> web.StreamResponse:
             return await _relay(request, backend, body)
         except UpstreamUnavailable:
             continue
+    return _unavailable(dialect, model)
+
+
+def _unavailable(dialect: Dialect, model: str) -> web.Response:
     message = f"no backend of model {model!r} is ready; retry shortly"
-    return error_response(dialect, 503, message, retry_after=2.0)
+    return error_response(dialect, 503, message, retry_after=_RETRY_AFTER_S)
+
+
+async def _forward_computed(
+    request: web.Request, state: ProxyState, model: str, raw: bytes, dialect: Dialect
+) -> web.StreamResponse:
+    """A route that runs on a slot: wait in the model's queue for a backend with room, hold
+    one of its slots while the answer is relayed, try another backend if it fails first."""
+    tried: set[str] = set()
+    backends = state.backends
+
+    def with_room() -> list[LiveBackend]:
+        return [b for b in backends.ready_of_model(model) if b.has_room and b.name not in tried]
+
+    for _ in range(3):
+        if not any(b.name not in tried for b in backends.ready_of_model(model)):
+            break
+        try:
+            await state.admission.admit(model, lambda: bool(with_room()))
+        except QueueRefused as refused:
+            message = f"too many requests queued: {refused}"
+            return error_response(dialect, 429, message, retry_after=refused.retry_after_s)
+        try:
+            free = with_room()
+            if not free:
+                continue  # the slot went to another request between wake-up and now
+            backend = _candidates(free)[0]
+            request[LOG_FIELDS]["backend"] = backend.name
+            # prefill: it decodes at no depth, but holds a slot until its answer is out
+            with backends.lease(backend, prefill=True):
+                return await _relay(request, backend, raw)
+        except UpstreamUnavailable:
+            tried.add(backend.name)
+        finally:
+            state.admission.notify(model, backends.free_slots(model))
+    return _unavailable(dialect, model)
 
 
 def _named_model(raw: bytes) -> Any:
@@ -174,9 +241,9 @@ async def _relay(request: web.Request, backend: LiveBackend, raw: bytes) -> web.
                 extra,
                 api="completions",
                 sink=_NoSink(),
-                idle_s=state.timeouts.idle_s,
+                timeouts=state.timeouts,
             )
             return out
-        out, _ = await relay_body(response, extra, state.timeouts.idle_s)
+        out, _ = await relay_body(request, response, extra, state.timeouts)
     request[LOG_FIELDS]["upstream_s"] = round(time.perf_counter() - started, 4)
     return out

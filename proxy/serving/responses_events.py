@@ -14,7 +14,7 @@ unchanged.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -39,17 +39,22 @@ _PART_EVENTS = frozenset(
         "response.refusal.done",
     }
 )
-_DATA = b"data: {"
 
 
 class ResponsesEventIndexer:
-    """One stream's state: items seen (id -> output index) and parts per item."""
+    """One stream's state: items seen (id -> output index) and parts per item.
 
-    __slots__ = ("_items", "_last_item", "_model", "_parts", "_pending", "_seq")
+    Any valid SSE is read: events cut anywhere across chunks, CRLF or CR line ends (written
+    back as LF), comment lines, `field:value` without the space, several data lines. An event
+    that is not a typed Responses event, or whose data does not parse or serialise (orjson
+    stops at 255 levels of nesting), passes unchanged: the relay never fails on an event."""
+
+    __slots__ = ("_cr", "_items", "_last_item", "_model", "_parts", "_pending", "_seq")
 
     def __init__(self, model: str) -> None:
         self._model = model
         self._pending = bytearray()  # an event not yet complete (no blank line yet)
+        self._cr = False  # the last chunk ended in CR: an LF that starts the next one is its
         self._seq = 0
         self._items: dict[str, int] = {}
         self._parts: dict[str, int] = {}  # content parts added so far, per item
@@ -57,6 +62,8 @@ class ResponsesEventIndexer:
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete events of `chunk` (with what earlier chunks left), completed."""
+        if self._cr or b"\r" in chunk:
+            chunk = self._lf(chunk)
         if not self._pending and chunk.endswith(b"\n\n"):
             done = chunk  # the usual case: a chunk of whole events, nothing carried over
         else:
@@ -78,26 +85,41 @@ class ResponsesEventIndexer:
         self._pending.clear()
         return rest
 
+    def _lf(self, chunk: bytes) -> bytes:
+        """CRLF and CR line ends as LF (SSE allows all three), a CRLF cut between two chunks
+        included."""
+        if self._cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        self._cr = chunk.endswith(b"\r")
+        return chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
     def _event(self, event: bytes) -> bytes:
-        """One event, its blank line included."""
-        at = event.find(_DATA)
-        if at < 0 or not event.startswith(b"event: "):
-            return event  # not a typed Responses event: left alone
+        """One event, its blank line included; unchanged unless it is a typed Responses event
+        whose data round-trips."""
         try:
-            data = orjson.loads(event[at + 6 : -2])
-        except orjson.JSONDecodeError:
+            return self._completed(event)
+        except (ValueError, TypeError, UnicodeDecodeError, RecursionError):
+            return event  # orjson's errors are ValueError and TypeError subclasses
+
+    def _completed(self, event: bytes) -> bytes:
+        name, data_lines, others = _fields(event)
+        if not data_lines:
+            return event  # a comment, or an event with no data: nothing to index
+        parsed = orjson.loads(b"\n".join(data_lines))
+        if not isinstance(parsed, dict):
             return event
-        if not isinstance(data, dict):
-            return event
-        name = event[7 : event.find(b"\n")].decode()
+        if name is None:
+            return event  # not a typed Responses event: left alone
+        kind, data = name, cast(dict[str, Any], parsed)
         if "sequence_number" not in data:
             data["sequence_number"] = self._seq
-        self._seq += 1
-        if name in _DELTAS:
-            self._delta(name, data)
+        if kind in _DELTAS:
+            self._delta(kind, data)
         else:
-            self._structural(name, data)
-        return b"".join((event[: at + 6], orjson.dumps(data), b"\n\n"))
+            self._structural(kind, data)
+        line = b"data: " + orjson.dumps(data)
+        self._seq += 1  # only now: an event passed unchanged did not take a number
+        return b"\n".join([*others, line]) + b"\n\n"
 
     def _delta(self, name: str, data: dict[str, Any]) -> None:
         item_id = data.get("item_id")
@@ -141,3 +163,24 @@ class ResponsesEventIndexer:
         self._items[key] = index
         self._last_item = index
         return index
+
+
+def _fields(event: bytes) -> tuple[str | None, list[bytes], list[bytes]]:
+    """An event's name, its data lines' values and its other lines (comments, id, retry, and
+    the event line), in order. Raises UnicodeDecodeError on a name that is not UTF-8."""
+    name: str | None = None
+    data: list[bytes] = []
+    others: list[bytes] = []
+    for line in event.split(b"\n"):
+        if not line:
+            continue
+        field, colon, value = line.partition(b":")
+        if colon and value.startswith(b" "):
+            value = value[1:]
+        if field == b"data":
+            data.append(value)
+            continue
+        if field == b"event":
+            name = value.decode()
+        others.append(line)
+    return name, data, others

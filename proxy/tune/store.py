@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from proxy.config.files import RESULTS_LIMIT, read_local_file
 from proxy.tune.measure import Measurement
 
 
@@ -31,15 +32,22 @@ class ResultStore:
     def previous(self) -> dict[str, Any] | None:
         """run.json of an earlier run in OUT (None: none, or unreadable)."""
         try:
-            data = json.loads((self.out / "run.json").read_text("utf-8"))
-        except (OSError, ValueError):
+            return self._run_file()
+        except StoreError:
             return None
-        return data if isinstance(data, dict) else None
+
+    def _run_file(self) -> dict[str, Any] | None:
+        """run.json read bounded: None if there is none, StoreError if it is not ours (a FIFO
+        there would block the reader, and then the writer, for ever)."""
+        run_file = self.out / "run.json"
+        if not run_file.exists():
+            return None
+        return _json_file(run_file)
 
     def check(self, meta: dict[str, Any]) -> None:
         """StoreError when OUT holds results of another run: another model, workload, or way of
-        measuring (``meta`` may hold only some of these)."""
-        old = self.previous()
+        measuring (``meta`` may hold only some of these), or a run.json that is not ours."""
+        old = self._run_file()
         if old is None:
             return
         for key in ("model", "workload", "via"):
@@ -74,11 +82,26 @@ class ResultStore:
         return [m for by_key in self._done.values() for m in by_key.values()]
 
 
+def _json_file(path: Path) -> dict[str, Any]:
+    """run.json, read bounded (proxy.config.files): StoreError if it is not ours."""
+    try:
+        data = json.loads(read_local_file(path, RESULTS_LIMIT))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise StoreError(f"{path} is not a results file of mtp-proxy tune: {exc}") from None
+    if not isinstance(data, dict):
+        raise StoreError(f"{path} is not a results file of mtp-proxy tune")
+    return data
+
+
 def _read_lines(path: Path) -> list[Measurement]:
+    try:
+        text = read_local_file(path, RESULTS_LIMIT).decode("utf-8", "replace")
+    except OSError as exc:
+        raise StoreError(f"cannot read {path}: {exc}") from None
     out = []
-    for line in path.read_text("utf-8").splitlines():
+    for line in text.splitlines():
         try:
             out.append(Measurement.from_json(json.loads(line)))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             continue  # a line cut short by a kill: that request is measured again
     return out

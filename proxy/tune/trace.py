@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from proxy.config.files import TRACE_LIMIT, read_local_file
+
 PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 """The paths a trace request may take: the four generation APIs' /v1 paths."""
 
@@ -43,6 +45,8 @@ def parse_line(index: int, line: str) -> TraceRequest:
         data = json.loads(line)
     except json.JSONDecodeError as exc:
         raise TraceError(f"line {index + 1}: not JSON ({exc})") from None
+    except RecursionError:
+        raise TraceError(f"line {index + 1}: nested too deeply to read") from None
     if not isinstance(data, dict):
         raise TraceError(f"line {index + 1}: expected an object")
     at, session, path, body = (data.get(k) for k in ("at", "session", "path", "body"))
@@ -58,8 +62,13 @@ def parse_line(index: int, line: str) -> TraceRequest:
 
 
 def read_trace(path: Path) -> list[TraceRequest]:
-    with path.open(encoding="utf-8") as f:
-        lines = [line for line in f if line.strip()]
+    """The trace's requests; OSError if it is not a regular file of a sensible size (a FIFO, a
+    device: proxy.config.files), TraceError for a line that is not a request."""
+    try:
+        text = read_local_file(path, TRACE_LIMIT).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"not UTF-8 text ({exc})") from None
+    lines = [line for line in text.splitlines() if line.strip()]
     return [parse_line(i, line) for i, line in enumerate(lines)]
 
 

@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -209,8 +208,7 @@ def record(target: Target, run: Run) -> None:
 def flush(proxy: ProxyProcess) -> None:
     """Scraping /metrics runs the deferred bookkeeping: every answered request is logged."""
     with urllib.request.urlopen(proxy.url + "/metrics", timeout=10) as response:
-        response.read()
-    time.sleep(0.1)  # the log line reaches the file
+        response.read()  # answered after the lines were written (they are printed, unbuffered)
 
 
 def assert_served(run: Run, *, background_abandoned: bool = False) -> list[dict[str, Any]]:

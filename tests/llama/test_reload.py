@@ -54,10 +54,13 @@ async def reload(proxy: ProxyProcess, config: dict[str, Any], outcome: str = "re
 
 
 async def watch(
-    session: aiohttp.ClientSession, proxy: ProxyProcess, stop: asyncio.Event
+    session: aiohttp.ClientSession,
+    proxy: ProxyProcess,
+    stop: asyncio.Event,
+    seen: list[tuple[int, int]] | None = None,
 ) -> list[tuple[int, int]]:
-    """Until stop: /health status and a request's status, every 20 ms."""
-    seen = []
+    """Until stop: /health status and a request's status, every 20 ms (into `seen`)."""
+    seen = [] if seen is None else seen
     while not stop.is_set():
         async with session.get(proxy.url + "/health") as response:
             health = response.status
@@ -65,6 +68,13 @@ async def watch(
         seen.append((health, status))
         await asyncio.sleep(0.02)
     return seen
+
+
+async def grown(seen: list[tuple[int, int]], size: int, timeout: float = 60.0) -> None:
+    """Until `seen` holds `size` observations (each one a /health and a request answered)."""
+    async with asyncio.timeout(timeout):
+        while len(seen) < size:
+            await asyncio.sleep(0.02)
 
 
 def cmdline(pid: int) -> list[str]:
@@ -120,12 +130,13 @@ async def test_the_only_backend_is_replaced_without_a_gap(model: Path, tmp_path:
             old = (await admin_backends(session, proxy))[f"{MODEL}/off"]
             new = llama_config(model, profiles=[{**PROFILES[0], "args": ["-b", "512"]}])
             stop = asyncio.Event()
-            watching = asyncio.create_task(watch(session, proxy, stop))
-            await asyncio.sleep(0.1)
+            seen: list[tuple[int, int]] = []
+            watching = asyncio.create_task(watch(session, proxy, stop, seen))
+            await grown(seen, 2)  # watched before the reload...
             line = await reload(proxy, new)
-            await asyncio.sleep(0.2)
+            await grown(seen, len(seen) + 3)  # ...and after it
             stop.set()
-            seen = await watching
+            await watching
             row = (await admin_backends(session, proxy))[f"{MODEL}/off"]
             argv = cmdline(row["pid"])
     assert line["changed"] == [f"{MODEL}/off"]

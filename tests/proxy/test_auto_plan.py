@@ -179,6 +179,14 @@ async def test_a_reload_keeps_the_shape_auto_settled_on(tmp_path: Path) -> None:
         assert len(fallbacks) == 1  # not probed (and fallen back) again
 
 
+def stopping(proxy: ProxyProcess) -> bool:
+    """Whether the proxy logged a backend of it going to "stopping"."""
+    return any(
+        line.get("event") == "state change" and line.get("to") == "stopping"
+        for line in proxy.log_lines()
+    )
+
+
 def processes_with(marker: str) -> list[str]:
     """Command lines of live processes that carry `marker` among their arguments."""
     found = []
@@ -203,7 +211,9 @@ async def test_a_shutdown_while_auto_falls_back_stops_cleanly(tmp_path: Path) ->
         while not [e for e in plan_events(proxy) if e["event"] == "plan_fallback"]:
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)  # the one process is being stopped by the fallback's reload
+        while not stopping(proxy):  # the one process is being stopped by the fallback's reload
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
     finally:
         code = proxy.stop()
     assert code == 0, proxy.tail()

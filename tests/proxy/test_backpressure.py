@@ -195,7 +195,7 @@ async def test_waiting_past_the_queue_timeout_is_refused(pressured: ProxyProcess
     for outcome in waiting:
         assert outcome.status == 429
         assert_served_or_refused(outcome, stream=True)
-        assert QUEUE_TIMEOUT_S * 0.9 < outcome.took < QUEUE_TIMEOUT_S + 1.5
+        assert QUEUE_TIMEOUT_S * 0.9 < outcome.took < QUEUE_TIMEOUT_S + 5.0
     await settled(pressured, "solo")
 
 
@@ -233,3 +233,49 @@ async def test_a_client_leaving_the_queue_frees_its_place(pressured: ProxyProces
     assert held.status == 200 and stayed.status == 200
     assert stayed.ended - held.ended < 1.0  # it took the freed slot at once, not a dead waiter's
     await settled(pressured, "solo")
+
+
+async def test_a_session_kept_on_its_full_cache_holder_waits_for_its_slots(
+    tmp_path: Path,
+) -> None:
+    """A session with a long prompt stays on the backend holding its cache (processing it again
+    elsewhere would cost more than waiting: at the prior prefill speed, not learned here, 20 s).
+    While that backend is full, its requests wait in the proxy, in order, instead of going past
+    its 2 slots into llama-server's own queue (pins waited so already; affinity did not)."""
+    preset = paced_preset(tmp_path, TOK_S)
+    demo = {
+        "name": "mtp-demo",
+        "backend": "simulator",
+        "args": simulator_args(preset, 2),
+        "profiles": [{"name": "off", "replicas": 2}],
+    }
+    config = proxy_config([demo], routing={"learning": False})
+    prompt = "The keeper logged the weather at every watch. " * 2000  # ~20k tokens
+    headers = {"X-MTP-Session": "one-long-session"}
+    with running_proxy(config, tmp_path / "proxy") as proxy:
+
+        async def turn(session: aiohttp.ClientSession, tokens: int) -> tuple[int, str]:
+            body = {
+                "model": "mtp-demo",
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": tokens,
+                "stream": True,
+                "ignore_eos": True,
+            }
+            async with session.post(
+                proxy.url + "/v1/chat/completions", json=body, headers=headers
+            ) as response:
+                await response.read()
+                return response.status, response.headers.get("X-MTP-Backend", "")
+
+        seen: dict[str, int] = {}
+        stop = asyncio.Event()
+        async with aiohttp.ClientSession() as session:
+            status, holder = await turn(session, 4)  # the session's cache is on `holder` now
+            assert status == 200 and holder
+            watcher = asyncio.create_task(watch_in_flight(proxy, seen, stop))
+            outcomes = await asyncio.gather(*(turn(session, 25) for _ in range(5)))
+            stop.set()
+            await watcher
+    assert outcomes == [(200, holder)] * 5  # every turn stayed with its cache
+    assert seen[holder] == 2, seen  # and the holder never took more than its slots

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
 
+from proxy.serving.passthrough import COMPUTED, FORWARDED_GET, FORWARDED_POST, REFUSED
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,
@@ -28,11 +32,14 @@ from tests.support.harness import (
     running_proxy,
     simulator_model,
 )
-from tests.support.misbehaving_backend import running_backend
+from tests.support.misbehaving_backend import DEEP_EVENT, running_backend
 
 KEY = "sk-unused"
 UA = "route-probe/1.0"
 PATTERNS = {"claude-*": "mtp-demo", "gpt-*": "mtp-demo"}
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+ECHO_SLOTS = 4  # llama-server's default -np, taken for a backend at a url
+SLOW = {"X-Echo-Delay": "0.2"}  # the echo backend answers after that long
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +48,17 @@ def echo_url() -> Iterator[str]:
         yield url
 
 
+def echo_model(url: str) -> dict[str, Any]:
+    return {"name": "echo", "backend": "simulator", "profiles": [{"name": "e", "url": url}]}
+
+
 @pytest.fixture(scope="module")
 def proxy(echo_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     demo = simulator_model(
         time_scale=50.0,
         profiles=[{"name": "off"}, {"name": "max", "spec_type": "draft-mtp", "draft_n_max": 3}],
     )
-    echo = {"name": "echo", "backend": "simulator", "profiles": [{"name": "e", "url": echo_url}]}
-    config = proxy_config([demo, echo])
+    config = proxy_config([demo, echo_model(echo_url)])
     config["model_names"] = {"patterns": PATTERNS}
     with running_proxy(config, tmp_path_factory.mktemp("client-routes")) as running:
         yield running
@@ -140,25 +150,74 @@ def test_method_path_and_query_reach_the_backend_unchanged(proxy: ProxyProcess) 
     assert (status, json.loads(raw)) == (200, {"method": "GET", "path_qs": "/props?model=echo&a=b"})
 
 
-@pytest.mark.parametrize(
-    ("method", "path"),
-    [
-        ("POST", "/props"),
-        ("GET", "/slots"),
-        ("POST", "/slots/0?action=save"),
-        ("POST", "/slots/0?action=erase"),
-        ("POST", "/lora-adapters"),
-        ("POST", "/models/load"),
-        ("POST", "/models/unload"),
-    ],
-)
-def test_routes_that_change_a_backend_are_refused(
-    proxy: ProxyProcess, method: str, path: str
+def concrete(path: str) -> str:
+    """A route's path with each {parameter} filled in."""
+    return re.sub(r"\{[^}]*\}", "0", path)
+
+
+REFUSED_CALLS = [
+    (method, concrete(path) + query)
+    for pattern, path in REFUSED
+    for method in (METHODS if pattern == "*" else (pattern,))
+    for query in (
+        ("", "?action=save", "?action=restore", "?action=erase") if "{" in path else ("",)
+    )
+]
+
+
+def test_every_route_that_changes_a_backend_is_refused_and_never_reaches_one(
+    proxy: ProxyProcess, echo_url: str
 ) -> None:
-    status, _, raw = call(proxy, method, path, {"model": "mtp-demo"})
-    assert status == 403, raw
-    error = json.loads(raw)["error"]
-    assert error["type"] == "permission_error" and "changes a backend's state" in error["message"]
+    """Each refused route of the API reference, every method where any is refused, answered
+    403 and never seen by the backend the body names (it records every request it gets)."""
+    before = len(recorded(echo_url)["requests"])
+    for method, path in REFUSED_CALLS:
+        status, _, raw = call(proxy, method, path, {"model": "echo"})
+        assert status == 403, (method, path, raw)
+        if method != "HEAD":
+            error = json.loads(raw)["error"]
+            assert error["type"] == "permission_error" and "backend's state" in error["message"]
+    reached = recorded(echo_url)["requests"][before:]
+    assert reached == [], reached
+
+
+def test_every_forwarded_route_reaches_a_backend_unchanged(
+    proxy: ProxyProcess, echo_url: str
+) -> None:
+    for path in FORWARDED_POST:
+        before = len(recorded(echo_url)["requests"])
+        status, headers, raw = call(proxy, "POST", f"{path}?q=1", {"model": "echo"})
+        assert status == 200 and headers["X-MTP-Backend"] == "echo/e", (path, status, raw)
+        assert recorded(echo_url)["requests"][before:] == [["POST", f"{path}?q=1"]], path
+        if path != "/apply-template":  # the backend answers that one as the template check's
+            assert json.loads(raw) == {"method": "POST", "path_qs": f"{path}?q=1"}
+    for path in FORWARDED_GET:
+        status, _, raw = call(proxy, "GET", f"{path}?model=echo")
+        assert (status, json.loads(raw)) == (
+            200,
+            {"method": "GET", "path_qs": f"{path}?model=echo"},
+        )
+
+
+def test_routes_that_compute_on_a_slot_wait_for_one(proxy: ProxyProcess, echo_url: str) -> None:
+    """Embeddings and reranking run on llama-server's slots: never more at once than the
+    backend has (4 here), the rest wait in the model's queue and are answered in turn."""
+    for path in sorted(COMPUTED):
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(
+                pool.map(
+                    lambda _, p=path: call(proxy, "POST", p, {"model": "echo"}, SLOW)[0],
+                    range(12),
+                )
+            )
+        assert answers == [200] * 12, (path, answers)
+        assert recorded(echo_url)["most_at_once"][path] == ECHO_SLOTS, path
+
+
+def recorded(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url + "/recorded", timeout=10) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
 
 
 def test_forwarded_and_refused_routes_are_counted_like_generations(proxy: ProxyProcess) -> None:
@@ -361,6 +420,49 @@ def test_responses_events_carry_indices_and_a_sequence(proxy: ProxyProcess) -> N
     assert deltas and all((e["output_index"], e["content_index"]) == (0, 0) for e in deltas)
     created = events[0]["response"]
     assert created["model"] == "mtp-demo" and created["output"] == [] and created["created_at"]
+
+
+def test_a_responses_event_that_cannot_be_completed_passes_and_the_stream_goes_on(
+    proxy: ProxyProcess,
+) -> None:
+    """An event nested deeper than the indexer writes raised mid-stream: the error answer that
+    followed was a second HTTP head inside the stream's body. Now it passes unchanged, the
+    events after it are indexed, the stream ends normally, under its one head."""
+    body = json.dumps({"model": "echo", "stream": True, "input": "x"}).encode()
+    head = (
+        f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"X-Misbehave: deep-event:2\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
+        sock.sendall(head + body)
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    assert raw.count(b"HTTP/1.1 ") == 1, raw[-500:]
+    assert DEEP_EVENT in raw
+    tail = raw.split(DEEP_EVENT)[1]
+    assert b"event: response.completed" in tail and b'"sequence_number":' in tail
+
+
+def test_v1_health_is_health(proxy: ProxyProcess) -> None:
+    """llama-server's alias: the same answer as /health (200 once every model has a ready
+    backend, with the count per model)."""
+    health, v1 = proxy.get_json("/health"), proxy.get_json("/v1/health")
+    assert v1 == health and v1[0] == 200 and v1[1]["ready_backends"]["echo"] == 1
+
+
+def test_responses_streams_pass_unchanged_with_the_indices_off(
+    echo_url: str, tmp_path: Path
+) -> None:
+    """[compat] responses_stream_indices = false: the Responses stream's bytes are relayed as
+    the backend sent them, like every other API's."""
+    body = {"model": "echo", "stream": True, "input": "x"}
+    config = proxy_config([echo_model(echo_url)])
+    config["compat"] = {"responses_stream_indices": False}
+    with running_proxy(config, tmp_path) as plain:
+        through = stream_bytes(plain.url + "/v1/responses", body)
+    direct = stream_bytes(echo_url + "/v1/responses", body)
+    assert through == direct and b"sequence_number" not in through
 
 
 def test_a_backend_error_on_count_tokens_comes_back_in_anthropic_shape(proxy: ProxyProcess) -> None:

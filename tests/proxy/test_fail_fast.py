@@ -177,7 +177,8 @@ def test_a_failed_backends_cause_shows_in_admin_and_status(tmp_path: Path) -> No
         )  # fmt: skip
     assert row["cause"] == "llama-server does not know the flag --nope"
     assert status.returncode == 0, status.stderr
-    (line,) = [x for x in status.stdout.splitlines() if x.startswith("bad/one-copy")]
+    # Its row in the Backends table, the first of its rows (the depth table comes after).
+    line = next(x for x in status.stdout.splitlines() if x.startswith("bad/one-copy"))
     assert "llama-server does not know the flag --nope" in line
 
 

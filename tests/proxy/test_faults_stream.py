@@ -203,7 +203,7 @@ async def test_backend_going_silent_mid_stream_hits_the_idle_timeout(
     assert backend_tokens(read.raw) == 2
     assert_terminal_error_event(read.raw, api)
     silence = read.ended_at - read.arrivals[-2]  # last backend chunk -> error event
-    assert IDLE_S * 0.8 < silence < IDLE_S + 2.0
+    assert IDLE_S * 0.8 < silence < IDLE_S + 5.0
 
 
 @pytest.mark.parametrize("mode", ["close-before-headers", "hang-before-headers"])

@@ -202,3 +202,36 @@ def test_children_die_with_a_proxy_killed_by_sigkill_and_a_restart_serves(tmp_pa
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         proxy.stop()
+
+
+def test_a_reload_whose_successor_is_not_ready_in_time_keeps_the_old_one(tmp_path: Path) -> None:
+    """A changed backend's successor that is still loading at ready_timeout_s is dropped; the
+    old process serves on, throughout, with no 503."""
+    ready_timeout_s = 2.0
+    model = simulator_model(profiles=[{"name": "off"}])
+    config = proxy_config([model], supervisor={"ready_timeout_s": ready_timeout_s})
+    proxy = start_proxy(config, tmp_path)
+    try:
+        wait_all_ready(proxy, {"mtp-demo": 1})
+        before = backend_pids(proxy)
+        slow = json.loads(json.dumps(config))
+        slow["models"] = [
+            simulator_model(profiles=[{"name": "off"}], extra_args=["--load-time", "600"])
+        ]
+        (tmp_path / "config.toml").write_text(tomli_w.dumps(slow))
+        proxy.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 60
+        statuses = set()
+        while time.monotonic() < deadline and not events(proxy, "reloaded"):
+            statuses.add(chat_status(proxy))
+            assert proxy.get_json("/health")[0] == 200
+            time.sleep(0.1)
+        assert events(proxy, "reloaded"), proxy.tail()
+        (kept,) = events(proxy, "replacement failed, old backend kept")
+        assert (kept["backend"], kept["state"]) == ("mtp-demo/off", "starting")
+        assert kept["after_s"] >= ready_timeout_s
+        assert statuses == {200}
+        assert backend_pids(proxy) == before  # the very same process serves on
+        assert chat_status(proxy) == 200
+    finally:
+        proxy.stop()

@@ -205,7 +205,12 @@ def test_latency_histograms_count_every_request(run: Run) -> None:
         # Cumulative buckets: +Inf holds every observation.
         assert s.total(f"mtp_proxy_{name}_bucket", le="+Inf") == s.total(f"mtp_proxy_{name}_count")
     overhead = s.total("mtp_proxy_proxy_overhead_seconds_sum") / sum(routed.values())
-    assert 0 < overhead < 0.5
+    assert overhead > 0
+    # The docs' figure is ~1 ms (bench.overhead: 1.03-1.14 ms p50 on a quiet machine). As a
+    # share, not one sample: three quarters of the requests within 10 ms of their arrival,
+    # which a loaded machine keeps and a proxy ten times slower does not.
+    within = s.total("mtp_proxy_proxy_overhead_seconds_bucket", le="0.01")
+    assert within >= 0.75 * sum(routed.values()), (within, routed)
 
 
 def test_output_tokens_match_the_answers(run: Run) -> None:

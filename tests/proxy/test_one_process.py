@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,9 +169,10 @@ async def test_the_deepest_profile_drafts_deeper_than_the_next(one_process: Prox
 
 
 async def test_a_client_that_sets_the_depth_keeps_it(one_process: ProxyProcess) -> None:
-    """It runs at its own depth, and is not learned as the profile it was routed to. (The
-    simulator, like llama-server's parser, takes the last of duplicate keys: the depth would be
-    the client's even if the proxy added its own first.)"""
+    """It runs at its own depth, and is labelled, leased and learned as the profile of that
+    depth, not as the profile it was routed to; a depth no profile has is labelled "client" and
+    not learned. (The simulator, like llama-server's parser, takes the last of duplicate keys:
+    the depth would be the client's even if the proxy added its own first.)"""
     port = backend_row(one_process)["port"]
     prose = " ".join([SHORT] * 400)  # ~6k tokens: a class no other request here falls in
     async with aiohttp.ClientSession() as session:
@@ -183,14 +184,48 @@ async def test_a_client_that_sets_the_depth_keeps_it(one_process: ProxyProcess) 
             one_process.url + PATHS["chat"], json=request, headers=headers
         ) as response:
             assert response.status == 200
+            labels = (response.headers["X-MTP-Profile"], response.headers["X-MTP-Route-Reason"])
         after = await draft_counters(session, port)
+        odd = {**body("chat", f"{prose} odd", 64), "speculative.n_max": 2**20}
+        async with session.post(one_process.url + PATHS["chat"], json=odd) as response:
+            assert response.status == 200
+            odd_label = response.headers["X-MTP-Profile"]
     tokens = delta(after, before, "spec_decode_num_draft_tokens_total")
     steps = delta(after, before, "spec_decode_num_drafts_total")
     assert 0 < tokens == steps  # depth 1: one draft token per step, not max's 3
+    assert labels == ("one", "client") and odd_label == "client"
     status, routing = one_process.get_json("/admin/routing", admin_key=ADMIN_KEY)
     assert status == 200
-    classes = {row["request_class"] for row in routing["learned"]}
-    assert classes and not any(c.startswith("4k-16k/") for c in classes), classes
+    rows = {(r["request_class"], r["profile"]) for r in routing["learned"]}
+    assert any(c.startswith("4k-16k/") and p == "one" for c, p in rows), rows  # what it ran at
+    assert not any(c.startswith("4k-16k/") and p != "one" for c, p in rows), rows
+
+
+async def test_infill_is_routed_with_a_depth(one_process: ProxyProcess) -> None:
+    """/infill generates: it gets the depth of its route like a completion (forwarded as it
+    was, it ran at the process's start-up depth, 3, whatever the profile said)."""
+    port = backend_row(one_process)["port"]
+    infill = {
+        "model": MODEL,
+        "input_prefix": "def add(a, b):\n    ",
+        "input_suffix": "\n\nprint(add(1, 2))\n",
+        "n_predict": 48,
+    }
+    drafted = {}
+    async with aiohttp.ClientSession() as session:
+        for pin in ("off", "one"):
+            before = await draft_counters(session, port)
+            async with session.post(
+                one_process.url + "/infill", json=infill, headers={"X-MTP-Profile": pin}
+            ) as response:
+                assert response.status == 200, await response.text()
+                assert response.headers["X-MTP-Profile"] == pin
+                assert (await response.json())["content"]
+            after = await draft_counters(session, port)
+            tokens = delta(after, before, "spec_decode_num_draft_tokens_total")
+            drafted[pin] = (tokens, delta(after, before, "spec_decode_num_drafts_total"))
+    assert drafted["off"] == (0, 0)
+    assert 0 < drafted["one"][0] == drafted["one"][1]  # depth 1: one draft token per step
 
 
 async def test_unpinned_requests_get_the_depth_of_their_class(
@@ -219,20 +254,66 @@ async def test_a_killed_process_makes_requests_wait_not_fail(tmp_path: Path) -> 
         async with aiohttp.ClientSession() as session:
 
             async def one(n: int) -> int:
-                await asyncio.sleep(0.05 * n)
                 async with session.post(
                     proxy.url + "/v1/chat/completions", json=body("chat", f"{SHORT} {n}", 32)
                 ) as response:
                     await response.read()
                     return response.status
 
-            requests = [asyncio.create_task(one(n)) for n in range(12)]
-            await asyncio.sleep(0.2)  # some in flight, more arriving
+            requests = [asyncio.create_task(one(n)) for n in range(6)]
+            await until(lambda: backend_row(proxy)["in_flight"] > 0)  # some in flight
             os.kill(pid, signal.SIGKILL)
+            requests += [asyncio.create_task(one(n)) for n in range(6, 12)]  # more arriving
             statuses = await asyncio.wait_for(asyncio.gather(*requests), 60)
         assert statuses == [200] * 12
         row = backend_row(proxy)
         assert row["pid"] != pid and row["restarts"] >= 1
+
+
+async def test_a_restart_makes_requests_wait_not_fail(tmp_path: Path) -> None:
+    """A restart (POST /admin/backends/NAME/restart, and the replacement of a hung process)
+    goes through STOPPING: requests that arrive then wait in the model's queue for the new
+    process, like after a crash, instead of getting 503 at once."""
+    model = simulator_model(draft_control="per-request", slots=4, time_scale=5.0)
+    supervisor = {"health_interval_s": 0.2}
+    config = proxy_config([model], routing=NO_EXPLORE, supervisor=supervisor)
+    with running_proxy(config, tmp_path) as proxy:
+        wait_all_ready(proxy, {MODEL: 1})
+        pid = backend_row(proxy)["pid"]
+        statuses: list[int] = []
+        restarted = asyncio.Event()
+        async with aiohttp.ClientSession() as session:
+
+            async def loop(n: int) -> None:  # a client sending one request after another
+                while not restarted.is_set():
+                    request = body("chat", f"{SHORT} {n} {len(statuses)}", 8 + 8 * n)
+                    async with session.post(
+                        proxy.url + "/v1/chat/completions", json=request
+                    ) as response:
+                        await response.read()
+                        statuses.append(response.status)
+
+            clients = [asyncio.create_task(loop(n)) for n in range(4)]
+            await until(lambda: len(statuses) >= 4)
+            async with session.post(
+                f"{proxy.url}/admin/backends/{BACKEND}/restart",
+                headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            ) as response:
+                assert response.status == 200
+            await until(lambda: backend_row(proxy)["pid"] not in (None, pid))
+            await until(lambda: backend_row(proxy)["state"] == "ready")
+            served = len(statuses)
+            await until(lambda: len(statuses) >= served + 4)  # served by the new process
+            restarted.set()
+            await asyncio.wait_for(asyncio.gather(*clients), 60)
+    assert set(statuses) == {200}, sorted(statuses)
+
+
+async def until(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait for a condition, checking it every 20 ms (an event seen from outside)."""
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.02)
 
 
 async def test_requests_that_decoded_beside_another_depth_are_not_learned_from(
@@ -277,8 +358,8 @@ async def test_the_busy_epochs_learn_from_time_at_one_depth_only(
     fresh_one_process: ProxyProcess,
 ) -> None:
     """Requests decoding beside another depth teach the busy epochs nothing; requests decoding
-    beside their own depth teach them, each by its time so (the pool's single-depth clock),
-    unless the client set the depth itself."""
+    beside their own depth teach them, each by its time so (the pool's single-depth clock); a
+    client's own depth teaches its own depth's measurements, never the profile it was routed to."""
     proxy = fresh_one_process
 
     async with aiohttp.ClientSession() as session:
@@ -301,7 +382,8 @@ async def test_the_busy_epochs_learn_from_time_at_one_depth_only(
                 assert response.status == 200
 
         await asyncio.gather(*(own_depth(n) for n in range(3)))
-    assert busy_samples(proxy) == samples  # their speed is depth 1's, not max's
+    after = busy_samples(proxy)
+    assert after["max"] == samples["max"] and after["one"] > 1.5, after  # depth 1's speed
 
 
 async def test_a_stream_still_processing_its_prompt_leaves_the_others_at_one_depth(
@@ -311,29 +393,33 @@ async def test_a_stream_still_processing_its_prompt_leaves_the_others_at_one_dep
     requests decode at max: it decodes at no depth until its first token, so they ran at one
     depth and teach the busy epochs (counting it from its start, they had all run mixed)."""
     proxy = fresh_one_process
-    long_text = " ".join([SHORT] * 1500)  # ~15k tokens: ~15 simulated s of prompt processing
+    long_text = " ".join([SHORT] * 4500)  # ~45k tokens: ~45 simulated s of prompt processing
 
     async with aiohttp.ClientSession() as session:
         await send(session, proxy, "chat", f"{SHORT} first")
 
-        async def stream_at_off(text: str, max_tokens: int) -> None:
+        async def stream_at_off(text: str, max_tokens: int, first: asyncio.Event) -> None:
             request = {**body("chat", text, max_tokens), "stream": True, "ignore_eos": True}
             headers = {"X-MTP-Profile": "off"}
             async with session.post(proxy.url + PATHS["chat"], json=request, headers=headers) as r:
                 assert r.status == 200
+                await r.content.readline()
+                first.set()  # its first token is out: it decodes from now on
                 await r.read()
 
-        prompt = asyncio.create_task(stream_at_off(long_text, 8))
-        await asyncio.sleep(0.05)  # it is at the backend, processing its prompt
+        tokens = asyncio.Event()
+        prompt = asyncio.create_task(stream_at_off(long_text, 8, tokens))
+        await until(lambda: backend_row(proxy)["in_flight"] == 1)  # at the backend
         await busy_at_max(session, proxy, "beside a prompt")
-        assert not prompt.done()  # the premise: the three ran while it had no token yet
+        assert not tokens.is_set()  # the premise: the three ran while it had no token yet
         await prompt
         samples = busy_samples(proxy)
         assert samples.get("max", 0.0) > 1.5, samples
 
         # Once its tokens flow, a stream at off decodes beside them: that teaches nothing.
-        decoding = asyncio.create_task(stream_at_off(f"{SHORT} long answer", 2000))
-        await asyncio.sleep(0.05)
+        flowing = asyncio.Event()
+        decoding = asyncio.create_task(stream_at_off(f"{SHORT} long answer", 2000, flowing))
+        await asyncio.wait_for(flowing.wait(), 30)
         await busy_at_max(session, proxy, "beside a stream")
         assert not decoding.done()
         await decoding

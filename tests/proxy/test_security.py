@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,8 +22,11 @@ import aiohttp
 import anthropic
 import openai
 import pytest
+from prometheus_client import CollectorRegistry
 
-from proxy.config.settings import ServerSettings, load_settings
+from proxy.app import create_app
+from proxy.config.settings import ServerSettings, Settings, load_settings
+from proxy.serving.middlewares import OPEN_PATHS, OPEN_PREFIXES
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,
@@ -48,13 +52,17 @@ def echo_model(url: str) -> dict[str, Any]:
     return {"name": "echo", "backend": "simulator", "profiles": [{"name": "off", "url": url}]}
 
 
-@pytest.fixture(scope="module")
-def locked(tmp_path_factory: pytest.TempPathFactory, echo_url: str) -> Iterator[ProxyProcess]:
+def locked_config(echo_url: str) -> dict[str, Any]:
     config = proxy_config(
         [simulator_model(), echo_model(echo_url)], server={"api_keys": CLIENT_KEYS}
     )
     config["log"]["level"] = "debug"  # the most a log ever says: still no secret in it
-    with running_proxy(config, tmp_path_factory.mktemp("locked")) as proxy:
+    return config
+
+
+@pytest.fixture(scope="module")
+def locked(tmp_path_factory: pytest.TempPathFactory, echo_url: str) -> Iterator[ProxyProcess]:
+    with running_proxy(locked_config(echo_url), tmp_path_factory.mktemp("locked")) as proxy:
         yield proxy
 
 
@@ -145,6 +153,38 @@ async def test_models_need_a_key_but_health_checks_do_not(locked: ProxyProcess) 
         for path in ("/health", "/metrics"):
             async with session.get(locked.url + path) as response:
                 assert response.status == 200
+
+
+def served_routes(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(method, path) of every route in the proxy's route table, built as `serve` builds it
+    (nothing is started), each {parameter} filled in: a route added later is walked too."""
+    app = create_app(Settings(**config), registry=CollectorRegistry())
+    served = set()
+    for route in app.router.routes():
+        info = route.resource.get_info() if route.resource is not None else {}
+        path = str(info.get("path") or info.get("formatter"))
+        method = "POST" if route.method == "*" else route.method
+        served.add((method, re.sub(r"\{[^}]*\}", "0", path)))
+    return sorted(served)
+
+
+async def test_every_route_checks_the_client_key(locked: ProxyProcess, echo_url: str) -> None:
+    """Without a key, every route but the open ones (health checks, /metrics, the live page's
+    files) is 401, the admin ones included; with a client key no route is 401 except the admin
+    ones (it is not the admin key)."""
+    routes = served_routes(locked_config(echo_url))
+    assert len(routes) > 40 and ("GET", "/admin/backends") in routes
+    keyed = {"Authorization": f"Bearer {CLIENT_KEYS[0]}"}
+    async with aiohttp.ClientSession() as session:
+        for method, path in routes:
+            admin = path.startswith("/admin/")
+            is_open = path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+            for headers, expected_401 in (({}, not is_open), (keyed, admin)):
+                async with session.request(
+                    method, locked.url + path, json={"model": "echo"}, headers=headers
+                ) as response:
+                    got = response.status
+                assert (got == 401) is expected_401, (method, path, headers, got)
 
 
 # --- admin -------------------------------------------------------------------------------------

@@ -90,12 +90,17 @@ async def est_tokens_of(proxy: ProxyProcess, session: aiohttp.ClientSession, tex
     marker = f"probe-{len(text)}-{text[:8]}"
     body = {"model": "mtp-demo", "messages": [{"role": "user", "content": text}], "max_tokens": 2}
     await post(session, proxy, body, {"X-MTP-Session": marker})
-    for _ in range(50):
-        await asyncio.sleep(0.05)
-        for line in reversed(proxy.log_lines()):
-            if line.get("event") == "request" and line.get("est_prompt_tokens") is not None:
-                return int(line["est_prompt_tokens"])
+    flushed(proxy)
+    for line in reversed(proxy.log_lines()):
+        if line.get("event") == "request" and line.get("est_prompt_tokens") is not None:
+            return int(line["est_prompt_tokens"])
     raise AssertionError("no request line")
+
+
+def flushed(proxy: ProxyProcess) -> None:
+    """/admin/routing runs the deferred bookkeeping first: every answered request is logged
+    and learned from once it answers."""
+    assert proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)[0] == 200
 
 
 async def test_crafted_prompts_barely_move_the_shared_token_estimate(shared: ProxyProcess) -> None:
@@ -107,8 +112,7 @@ async def test_crafted_prompts_barely_move_the_shared_token_estimate(shared: Pro
             crafted = {"model": "mtp-demo", "messages": tiny_messages, "max_tokens": 1}
             status, _ = await post(session, shared, crafted)
             assert status == 200
-        await asyncio.sleep(0.3)  # their observations are recorded just after the answers
-        after = await est_tokens_of(shared, session, normal)
+        after = await est_tokens_of(shared, session, normal)  # their observations flushed first
     assert after <= before * 1.11, (before, after)  # it was 3.5x after ten such requests
 
 

@@ -14,13 +14,23 @@ Modes:
   flood                 stream `--flood-mb` MB of 64 KiB events as fast as the reader takes them
   echo-headers          answer a complete chat completion whose content is the headers received
   hang-after-final      send N chunks and the API's final event, then never end the stream
+  big-body              answer a complete chat completion of about N MiB (N from MODE:N, else
+                        `--flood-mb`), usage at its end as llama-server writes it, as fast as read
+  stall-mid-body        answer a complete chat completion: its first half, then nothing, ever
+  deep-event            stream N chunks, then an event whose data nests 300 levels deep (valid
+                        JSON, deeper than orjson writes), then the API's final event
   echo-body             answer a complete chat completion whose content is the body received
   call-tool             /v1/responses: call the tool the header X-Call-Tool names, with the JSON
                         arguments of X-Call-Arguments, as llama-server words a function call
                         (a 400 if the request's `tools` has no such function)
 
-Whatever the mode, `POST /tokenize` and `GET /props` answer the method and path (with its query)
-they were called with. `POST /apply-template` behaves as a complete (non-stream) generation.
+`POST /apply-template` (the chat-template check's route) behaves as a complete (non-stream)
+generation. Whatever the mode, every other path (`POST /tokenize`, `GET /props`,
+`/v1/embeddings`, anything) answers the method and path (with its query) it was called with (in
+mode echo-headers, its headers and body too), after `X-Echo-Delay` seconds if the request sets
+that header. Every request but /health and /metrics is recorded: `GET /recorded` answers the list
+(method, path with query) and the most requests seen at once per path, so tests can tell what
+reached the backend and how many at a time.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +61,9 @@ MODES = frozenset(
         "flood",
         "echo-headers",
         "hang-after-final",
+        "big-body",
+        "stall-mid-body",
+        "deep-event",
         "echo-body",
         "call-tool",
     }
@@ -67,6 +80,41 @@ class Behaviour:
 
 
 BEHAVIOUR = web.AppKey("behaviour", Behaviour)
+
+
+@dataclass
+class Recording:
+    """What reached this backend: (method, path with query) of each request, in order, and the
+    most requests in progress at once per path."""
+
+    requests: list[tuple[str, str]]
+    now: dict[str, int]
+    most: dict[str, int]
+
+
+RECORDING = web.AppKey("recording", Recording)
+_UNRECORDED = frozenset({"/health", "/metrics", "/recorded"})
+
+
+@web.middleware
+async def _record(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    if request.path in _UNRECORDED:
+        return await handler(request)
+    seen = request.app[RECORDING]
+    seen.requests.append((request.method, request.raw_path))
+    seen.now[request.path] = now = seen.now.get(request.path, 0) + 1
+    seen.most[request.path] = max(seen.most.get(request.path, 0), now)
+    try:
+        return await handler(request)
+    finally:
+        seen.now[request.path] -= 1
+
+
+async def recorded(request: web.Request) -> web.Response:
+    seen = request.app[RECORDING]
+    return web.json_response({"requests": seen.requests, "most_at_once": seen.most})
 
 
 def _behaviour(request: web.Request) -> Behaviour:
@@ -171,6 +219,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return web.Response(status=500)  # never sent: the connection is gone
     if behaviour.mode == "echo-headers":
         return _echo(request)
+    if behaviour.mode in ("big-body", "stall-mid-body"):
+        return await _big_body(request, behaviour)
     if behaviour.mode == "echo-body":
         return web.json_response(_complete_body((await request.read()).decode()))
     if behaviour.mode == "call-tool":
@@ -208,6 +258,15 @@ async def _chunks(out: web.StreamResponse, behaviour: Behaviour, api: str) -> No
     for i in range(behaviour.chunks):
         await out.write(chunk(f"token{i} "))
         await asyncio.sleep(behaviour.interval_s)
+    if behaviour.mode == "deep-event":
+        await out.write(DEEP_EVENT)
+
+
+DEEP = "[" * 300 + "]" * 300
+DEEP_EVENT = (
+    "event: response.output_text.delta\n"
+    f'data: {{"type":"response.output_text.delta","delta":"","nested":{DEEP}}}\n\n'
+).encode()
 
 
 async def _flood(
@@ -216,6 +275,32 @@ async def _flood(
     chunk = make_chunk("x" * 65_000)
     for _ in range(megabytes * 1024 * 1024 // len(chunk)):
         await out.write(chunk)  # write() waits while the reader is behind: we follow its pace
+
+
+async def _big_body(request: web.Request, behaviour: Behaviour) -> web.StreamResponse:
+    """A complete answer of `chunks` MiB (big-body), or half of a small one then silence
+    (stall-mid-body); Content-Length set, as llama-server sends it."""
+    usage = b',"usage":{"completion_tokens":7,"prompt_tokens":5,"total_tokens":12}}'
+    head = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"'
+    size = (behaviour.chunks if behaviour.chunks > 0 else behaviour.flood_mb) << 20
+    if behaviour.mode == "stall-mid-body":
+        size = 1024
+    piece = b"x" * 65536
+    out = web.StreamResponse(headers={"Content-Type": "application/json"})
+    out.content_length = len(head) + size + len(b'"}}]') + len(usage)
+    await out.prepare(request)
+    try:
+        await out.write(head)
+        if behaviour.mode == "stall-mid-body":
+            await out.write(b"x" * (size // 2))
+            await asyncio.sleep(_FOREVER_S)
+        for _ in range(size // len(piece)):
+            await out.write(piece)  # write() waits while the reader is behind
+        await out.write(b"x" * (size % len(piece)) + b'"}}]' + usage)
+        await out.write_eof()
+    except ConnectionError:
+        pass  # the proxy went away
+    return out
 
 
 def _drop(request: web.Request) -> None:
@@ -295,7 +380,14 @@ def _complete_body(content: str) -> dict[str, object]:
 
 
 async def echo_request(request: web.Request) -> web.Response:
-    return web.json_response({"method": request.method, "path_qs": request.raw_path})
+    delay = request.headers.get("X-Echo-Delay")
+    if delay:
+        await asyncio.sleep(float(delay))
+    body = await request.read()
+    answer: dict[str, object] = {"method": request.method, "path_qs": request.raw_path}
+    if request.app[BEHAVIOUR].mode == "echo-headers":  # and what the request carried
+        answer.update(headers=dict(request.headers), body=body.decode("utf-8", "replace"))
+    return web.json_response(answer)
 
 
 async def health(_request: web.Request) -> web.Response:
@@ -307,17 +399,18 @@ async def metrics(_request: web.Request) -> web.Response:
 
 
 def make_app(behaviour: Behaviour) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[_record], client_max_size=256 << 20)
     app[BEHAVIOUR] = behaviour
+    app[RECORDING] = Recording([], {}, {})
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
-    app.router.add_post("/tokenize", echo_request)
-    app.router.add_get("/props", echo_request)
+    app.router.add_get("/recorded", recorded)
     for path in _APIS:
         app.router.add_post(path, generate)
     # The chat-template check's route (supervisor/template_check.py): it fails as the mode says,
     # and "ok" answers a completion without the rendered prompt llama-server would give.
     app.router.add_post("/apply-template", generate)
+    app.router.add_route("*", "/{anything:.*}", echo_request)  # after every named route
     return app
 
 

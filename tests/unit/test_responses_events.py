@@ -95,3 +95,47 @@ def test_fields_already_there_are_kept_and_other_bytes_pass() -> None:
     assert indexer.feed(untyped) == untyped
     assert indexer.feed(b"event: response.completed\ndata: {") == b""
     assert indexer.flush() == b"event: response.completed\ndata: {"  # a cut stream ends as it was
+
+
+def crlf(stream: bytes) -> bytes:
+    return stream.replace(b"\n", b"\r\n")
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 64, 1 << 20])
+def test_any_valid_sse_is_read_crlf_comments_and_no_space_included(size: int) -> None:
+    """The same events written as SSE allows: CRLF line ends (cut between CR and LF by the
+    chunking too), a comment line inside an event, `field:value` without the space, a
+    keep-alive comment between events. Each is indexed as the plain stream's is."""
+    events = STREAM.split(b"\n\n")[:-1]
+    varied = [
+        (b": keep-alive\n" + e) if i % 3 == 0 else e.replace(b"data: ", b"data:")
+        for i, e in enumerate(events)
+    ]
+    stream = crlf(b"\n\n".join(varied) + b"\n\n: ping\n\n")
+    indexer = ResponsesEventIndexer("local-model")
+    out = b"".join(indexer.feed(stream[i : i + size]) for i in range(0, len(stream), size))
+    out += indexer.flush()
+    assert b"\r" not in out
+    blocks = [b for b in out.split(b"\n\n") if b]
+    assert blocks[-1] == b": ping"  # a comment passes as it is
+    typed = [b"\n".join(x for x in b.split(b"\n") if not x.startswith(b":")) for b in blocks[:-1]]
+    events_out = parse(b"\n\n".join(typed) + b"\n\n")
+    assert [(e["type"], e.get("output_index"), e.get("content_index")) for e in events_out] == (
+        EXPECTED
+    )
+    assert [e["sequence_number"] for e in events_out] == list(range(len(EXPECTED)))
+    assert sum(b.startswith(b": keep-alive\n") for b in blocks) == len(range(0, len(events), 3))
+
+
+def test_an_event_that_cannot_be_completed_passes_unchanged() -> None:
+    """Data nested deeper than orjson writes (255 levels), or an event name that is not UTF-8:
+    passed as they came, and the next events still get their numbers (before, the first one
+    raised mid-stream)."""
+    indexer = ResponsesEventIndexer("m")
+    deep = b'event: response.output_text.delta\ndata: {"x":' + b"[" * 300 + b"]" * 300 + b"}\n\n"
+    odd = b'event: response.\xff\ndata: {"type":"x"}\n\n'
+    after = ev("output_text.delta", item_id="x", delta="a")
+    out = indexer.feed(deep + odd + after)
+    assert out.startswith(deep + odd)
+    (parsed,) = parse(out[len(deep + odd) :])
+    assert parsed["sequence_number"] == 0
