@@ -288,12 +288,17 @@ async def _big_body(request: web.Request, behaviour: Behaviour) -> web.StreamRes
     piece = b"x" * 65536
     out = web.StreamResponse(headers={"Content-Type": "application/json"})
     out.content_length = len(head) + size + len(b'"}}]') + len(usage)
+    if behaviour.mode == "stall-mid-body" and request.transport is not None:
+        # The HTTP head and the half in one write, so in one packet: no byte comes after the
+        # head's, and the proxy's idle deadline must start without one (aiohttp's own writes
+        # may send the head alone first, and a later byte restarts the proxy's timer).
+        http_head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        http_head += f"Content-Length: {out.content_length}\r\n\r\n"
+        request.transport.write(http_head.encode() + head + b"x" * (size // 2))
+        await asyncio.sleep(_FOREVER_S)
     await out.prepare(request)
     try:
         await out.write(head)
-        if behaviour.mode == "stall-mid-body":
-            await out.write(b"x" * (size // 2))
-            await asyncio.sleep(_FOREVER_S)
         for _ in range(size // len(piece)):
             await out.write(piece)  # write() waits while the reader is behind
         await out.write(b"x" * (size % len(piece)) + b'"}}]' + usage)
