@@ -107,7 +107,8 @@ class RoutingSettings(BaseModel):
         "cold rules); only requests below exploration_max_tokens try, so the class learns in a "
         "few requests rather than in hundreds (a cold rule can be far off: setup A's max is the "
         "slowest profile). Bounded by count, not rate: it stops once two profiles have "
-        "min_samples each.",
+        "min_samples each; on one process only once no other depth that could still win lacks "
+        "them (after a change, depth 0 must get its turn: proxy/routing/depth.py).",
     )
     exploration_max_regret: float = Field(
         default=0.25,

@@ -145,6 +145,18 @@ class BusyDepths:
             cell = self.speeds.setdefault((cls.label, level, profile), LogSpeed())
             cell.add(math.log(decode_tok_s), seconds, decay)
 
+    def forget(self, label: str, level: int, profile: str) -> None:
+        """A class whose speed at ``profile`` changed at ``level`` (``LearnedStats.observe``):
+        those speeds keep their mean at one request's weight, so its next requests outweigh
+        them. Its speeds at the other depths, not seen to move, stay: they are what the changed
+        depth is compared with, and their time is the class's share of the comparison (``gap``;
+        dropped too, the class would weigh one request there and the others would decide)."""
+        speed = self.speeds.get((label, level, profile))
+        if speed is not None and speed.requests > 1.0:
+            one = speed.weight / speed.requests
+            speed.m2 *= one / speed.weight
+            speed.weight, speed.weight2 = one, one * one
+
     def samples(self, profile: str) -> float:
         """How many requests' worth of speeds the process has at ``profile``."""
         return sum(e.requests for (_, _, p), e in self.speeds.items() if p == profile)

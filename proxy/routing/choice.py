@@ -257,8 +257,9 @@ def explores(
     max_tokens: int | None = None,
 ) -> bool:
     """Whether this free choice explores: a choice still made by the cold rules (or ``cold``:
-    by a neighbour's ranking) at ``cold_exploration_rate`` (bounded: only until two profiles
-    are trusted there), a learned one at the small steady ``exploration_rate``; never past
+    by a neighbour's ranking, or on one process while a depth that could win is not known) at
+    ``cold_exploration_rate`` (bounded: only until two profiles are trusted there, and that
+    depth), a learned one at the small steady ``exploration_rate``; never past
     ``max_tokens`` (default ``exploration_max_tokens``)."""
     cold = cold or reason == "rule"
     rate = settings.cold_exploration_rate if cold else settings.exploration_rate

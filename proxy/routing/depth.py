@@ -139,7 +139,7 @@ def decide_depth(
     # costs that request's decode only, not later turns' re-prefill as on a pool, so there is
     # no exploration_max_tokens here (long contexts still never explore a depth known to lose
     # much). A class placed by its neighbours' ranking is still cold: it explores at the cold
-    # rate until it has its own two trusted depths.
+    # rate until it has its own two trusted depths, and every depth that could win is known.
     prompt = features.est_prompt_tokens
     if choice.explores(reason, prompt, settings, rng, cold=chooser.cold, max_tokens=_NO_LIMIT):
         explored = chooser.explore(profile, rng)
@@ -235,10 +235,14 @@ class _Choice:
         below the best known prediction at this context. Not explored here (the trend's
         crossover is where they can win: off on setup-b past ~60k, not at 20k)."""
         wanted = [p for p in unknown if p not in self.beyond_reach]
-        self.cold = self.source != cls or (bool(trend) and bool(wanted))
-        """Explore at the cold rate: placed by a neighbour's level, or by the context trend
-        while a depth that could win here has no estimate at all (no line, none of the class's
-        own): it cannot be ranked, and where it would win is what the trend is for."""
+        self.cold = self.source != cls or bool(wanted)
+        """Explore at the cold rate: placed by a neighbour's level, or while a depth that could
+        win here is not known (no line, fewer than ``min_samples`` of the class's own): it
+        cannot be ranked. Whether the class is placed by the context trend or by its own two
+        trusted depths: after a change (``stats.CHANGE_LIMIT``) the race back to two trusted
+        depths was often won by the two drafting ones, and depth 0, the fastest then but a few
+        requests short, was tried at the steady 5 % only. Bounded: a depth measured below the
+        best known one is beyond reach, not wanted."""
         self.out = choice.expected_output_tokens(self.est, features.max_tokens, settings)
         rates = [e.prefill_tok_s for e in self.est.values() if e.prefill_tok_s]
         self.prefill_tok_s = sum(rates) / len(rates) if rates else None

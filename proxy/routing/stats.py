@@ -358,6 +358,13 @@ class LearnedStats:
         if changed and settings.change_detection:
             for each in cells.values():
                 each.forget()
+            # Beside others a process runs its busy epoch's depth, not the class's choice: the
+            # reset cells are not read there, and the busy speeds it compares depths by, decayed
+            # over half_life_samples, kept the process at the old depth (the relearn trace's
+            # code requests, docs/benchmarks.md). They follow the change too.
+            busy = self.busy.get(obs.backend) if level else None
+            if busy is not None:
+                busy.forget(cls.label, level, profile)
             change: dict[str, object] = {
                 "model": model,
                 "class": cls.label + (f"@{level}" if level else ""),

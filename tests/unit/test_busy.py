@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config.routing import RoutingSettings
+from proxy.config.routing import RoutingSettings, decay_factor
 from proxy.routing.busy import (
     PRIOR_GAP,
     PRIOR_REQUESTS,
@@ -23,6 +23,7 @@ from proxy.routing.busy import (
 )
 from proxy.routing.classes import RequestClass
 from proxy.routing.stats import LearnedStats
+from proxy.routing.telemetry import Observation
 
 SHORT = RequestClass("<4k", "prose")
 LONG = RequestClass("32k+", "code")
@@ -243,3 +244,53 @@ def test_what_a_process_measured_busy_survives_a_restart(tmp_path: Path) -> None
     path.write_text(json.dumps(state_json))
     broken = LearnedStats.load(path, settings)
     assert broken.load_report.startswith("corrupt") and broken.busy == {}
+
+
+def _ran(stats: LearnedStats, cls: RequestClass, profile: str, speed: float) -> None:
+    """One request beside others at ``profile`` throughout, fed as the router feeds both: the
+    busy speeds (by its time) and the class's cells at its load level."""
+    out = 400
+    drafted = 100 if profile != "off" else None
+    stats.busy["b"].observe(cls, LEVEL, profile, speed, out / speed, decay_factor(50.0))
+    obs = Observation(
+        backend="b",
+        profile=profile,
+        request_class=cls,
+        context_tokens=600,
+        cached_tokens=0,
+        output_tokens=out,
+        draft_n=drafted,
+        draft_n_accepted=70 if drafted else None,
+        decode_tok_s=speed,
+        prefill_s=0.5,
+        ttft_s=None,
+        total_s=None,
+        source="timings",
+    )
+    stats.observe(cls, profile, obs, level=LEVEL)
+
+
+def test_a_class_whose_speed_changed_beside_others_moves_the_process_soon() -> None:
+    """The relearn run (docs/benchmarks.md): a process busy at max for prose and code alike;
+    then drafting stops paying on code (halved, below depth 0). Beside others the depth is the
+    process's, so the class's reset cells alone change nothing; the busy speeds of the depth
+    that moved follow the change too, and the process, whose time now loses more on code than
+    it gains on prose, goes back to depth 0 after 11 requests of each (19 on the decay alone)."""
+    stats = LearnedStats(RoutingSettings(half_life_samples=50.0))
+    stats.busy["b"] = state = BusyDepths()
+    code = RequestClass("<4k", "code")
+    for profile, speed, n in (("off", 30.0, 10), ("max", 40.0, 20)):
+        for _ in range(n):
+            _ran(stats, SHORT, profile, speed)
+            _ran(stats, code, profile, speed)
+    state.profile = "max"
+    assert next_busy_depth(state, "off", "max", 5, EPOCH, calm=False).profile == "max"
+    moved = None
+    for n in range(1, 40):
+        _ran(stats, SHORT, "max", 40.0)
+        _ran(stats, code, "max", 20.0)
+        if next_busy_depth(state, "off", "max", 5, EPOCH, calm=False).profile == "off":
+            moved = n
+            break
+    assert [c["class"] for c in stats.changes] == ["<4k/code@2"]
+    assert moved is not None and moved <= 12
