@@ -35,7 +35,7 @@ def render_banner(
     for model in settings.models:
         lines += _labelled("runs", what_runs(model))
     lines += _labelled("base URL", [f"{url}/v1 (OpenAI), {url} (Anthropic)"])
-    lines += _labelled("try", [_curl(url, settings)])
+    lines += _labelled("try", [_curl(url, settings), *_first_answer(settings)])
     status = f"{command} status --url {url}"
     if admin_key is not None:
         status += f" --admin-key {admin_key}"
@@ -54,6 +54,21 @@ def render_banner(
         ],
     )
     return "\n".join(lines)
+
+
+def _first_answer(settings: Settings) -> list[str]:
+    """Why the first answer may take a while: a one-process backend is measured before it is
+    ready (proxy.routing.calibrate), and a curl that waits with no word looks hung."""
+    if settings.routing.calibrate == "off":
+        return []
+    if not any(
+        model.draft_control != "per-process" and model.start_depth() > 0
+        for model in settings.models
+    ):
+        return []
+    kept = settings.routing.state_file
+    where = f"kept in {kept}" if kept else "measured again at each start: no routing.state_file"
+    return [f"(answered once the backend is calibrated: ~20 s at 27B speed, {where})"]
 
 
 def _live_page(settings: Settings, port: int, made_up_key: str | None) -> list[str]:

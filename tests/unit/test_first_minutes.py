@@ -41,6 +41,10 @@ def test_the_demo_banner_says_what_runs_in_truth() -> None:
     curl = next(line for line in lines if "try:" in line)
     assert "curl -s http://127.0.0.1:8080/v1/chat/completions" in curl
     assert '"model":"mtp-demo"' in curl
+    # The first answer waits for the start-up calibration (~20 s on the demo): said, not a hang.
+    after_curl = lines[lines.index(curl) + 1]
+    assert "answered once the backend is calibrated" in after_curl
+    assert "measured again at each start: no routing.state_file" in after_curl
     assert ".venv/bin/mtp-proxy status --url http://127.0.0.1:8080 --admin-key k3y-made-up" in text
     # The live page with the key made up for this run: the link opens it as it is.
     assert "http://127.0.0.1:8080/ui/#key=k3y-made-up   (live: " in text
@@ -64,6 +68,7 @@ def test_a_configured_box_points_status_at_its_config(tmp_path: Path) -> None:
         settings, 9000, version="1", config_path=config, command="mtp-proxy", admin_key=None
     )
     assert "secret-of-the-file" not in text
+    assert "calibrated" not in text  # a model that never drafts is not measured
     assert "http://127.0.0.1:9000/ui/#key=ADMIN_KEY" in text  # the key itself: never printed
     assert f"mtp-proxy status --url http://127.0.0.1:9000 --config {config}" in text
     assert "Authorization: Bearer YOUR_KEY" in text
@@ -81,6 +86,15 @@ def test_without_an_admin_key_the_banner_says_how_to_see_the_live_page() -> None
     )  # fmt: skip
     assert "set server.admin_key to see the live page at /ui/" in text
     assert "/ui/#key=" not in text
+
+
+def test_the_banner_says_nothing_of_a_calibration_turned_off() -> None:
+    settings = Settings(models=demo().models, routing={"calibrate": "off"})
+    text = render_banner(
+        settings, 8080, version="1", config_path=Path("c.toml"), command="mtp-proxy",
+        admin_key=None,
+    )  # fmt: skip
+    assert "calibrated" not in text
 
 
 @pytest.fixture
