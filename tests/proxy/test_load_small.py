@@ -33,7 +33,9 @@ async def one_load(proxy: ProxyProcess) -> LoadResult:
         proxy.url, STREAMS, 4.0, stream_s=1.0, tok_s=TOK_S, ramp_s=0.5, watch_pid=proxy.process.pid
     )
     assert load.errors == [], load.errors[:5]
-    assert load.completed >= STREAMS * 3  # streams of 1 s, re-opened for 4 s
+    # Streams of 1 s, re-opened for 4 s: every stream that started ended whole, and they were
+    # re-opened (how many times depends on the machine's speed, not on the proxy).
+    assert load.completed == load.started and load.completed > STREAMS, load
     assert load.events >= load.completed * TOK_S  # every token of every stream arrived
     assert load.peak is not None and load.peak.sockets >= STREAMS  # they really were concurrent
     return load
