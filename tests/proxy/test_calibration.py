@@ -129,12 +129,16 @@ async def test_the_proxy_calibrates_shows_and_uses_it(preset: str, tmp_path: Pat
         text = render_status(proxy.url, backends["backends"], routing)
         assert "Start-up calibration" in text and f"4: {TRUTH_AT_4[preset]}" in text
         # The first busy stretch starts where the measurement said for the traffic it serves:
-        # a few chats one at a time (the box's traffic so far: short prompts), then 4 at once.
-        for _ in range(10):
+        # chats one at a time (the box's traffic so far: short prompts), then 4 at once. The
+        # process's busy context starts as two admissions of long_context_tokens (the router's
+        # prior): after 10 chats it still weighs ~5k tokens, which carries setup-b-batched's
+        # measured gap (1.13-1.32x at 4 slots) down to the 5 % margin at its low end (a loaded
+        # machine measured 1.14, and off was then right for ~5k tokens); after 30, ~2k tokens.
+        for _ in range(30):
             await burst(proxy, 1)
         decided = await burst(proxy, 4)
         busy = [profile for profile, reason in decided if reason == "busy"]
-        assert busy and set(busy) == {TRUTH_AT_4[preset]}, decided
+        assert busy and set(busy) == {TRUTH_AT_4[preset]}, (decided, found["levels"])
 
 
 async def test_off_keeps_the_published_prior(tmp_path: Path) -> None:

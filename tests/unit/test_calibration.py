@@ -83,6 +83,12 @@ def test_the_measured_gap_replaces_the_published_prior_of_the_busy_epochs() -> N
 def test_json_round_trip_and_refusal() -> None:
     c = calibration(1.7, 1.2)
     again = Calibration.from_json(json.loads(json.dumps(c.to_json())))
+    assert again == c  # as measured: a restart reports what the first run did
+    edge = Calibration(
+        "k", "b", "m", 1, (Cell(1, 0, 2576.97501, 2), Cell(1, 3, 30.12345, 2)), 1.0, 1.0
+    )
+    kept = Calibration.from_json(json.loads(json.dumps(edge.to_json())))
+    assert kept.report(LEVELS) == edge.report(LEVELS)
     assert again.cold_roles(LEVELS) == c.cold_roles(LEVELS)
     assert again.speed(4, 3) == pytest.approx(24.0)
     assert again.acceptance() == pytest.approx(0.8)
