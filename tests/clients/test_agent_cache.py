@@ -61,7 +61,10 @@ def test_a_new_session_in_the_same_directory_reuses_the_agent_prompt(
     setup: Setup, tmp_path: Path
 ) -> None:
     figures = measure_sessions(setup, tmp_path, session_prefix=True)
-    assert [r["status"] for r in figures["first"] + figures["second"]] == [200, 200], figures
+    # Each session's first request is what counts; Claude Code may ask again when the tiny
+    # model's sampled answer comes back empty (its own retry: one more 200).
+    assert figures["first"] and figures["second"], figures
+    assert all(r["status"] == 200 for r in figures["first"] + figures["second"]), figures
     second = figures["second"][0]
     # Up to the checkpoint at the start of the system text: the tools and the agent prompt
     # stay; the environment turn and the new prompt come after it.
