@@ -56,11 +56,11 @@ from urllib.parse import urlsplit
 from bench import abuse_slots as slots
 from bench.processes import (
     ProxyProcess,
-    die_with_parent,
     ended_by_signals,
     start_proxy,
     start_server,
 )
+from supervisor.process import die_with_parent
 
 KEY = "sk-bench-abuse-0123456789"
 _CHAT = {

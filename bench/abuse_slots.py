@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.processes import ProxyProcess, die_with_parent
+from bench.processes import ProxyProcess
+from supervisor.process import die_with_parent
 
 ECHO = "echo"  # tests/support/misbehaving_backend.py at a url: answers as each request asks
 ONE = "one"  # a simulated model served by one process, profiles per request

@@ -13,8 +13,6 @@ exception, so a benchmark's own clean-up (`finally:`) runs first.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import json
 import os
 import signal
@@ -24,7 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,37 +31,7 @@ from typing import Any
 
 import tomli_w
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-@functools.cache
-def _prctl() -> Callable[..., int] | None:
-    # Looked up in the parent: dlsym after fork could wait on a lock another thread held.
-    try:
-        function: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return function
-
-
-def _die_with_parent(prctl: Callable[..., int], parent: int) -> None:
-    """In the child, before exec: SIGKILL when the parent dies (the thread that forked it)."""
-    if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() != parent:
-        os._exit(1)  # the parent died between fork and prctl
-
-
-def child_dies_with_us() -> Callable[[], None] | None:
-    """A Popen `preexec_fn` that makes the child die with this process (None off Linux)."""
-    prctl = _prctl()
-    return None if prctl is None else functools.partial(_die_with_parent, prctl, os.getpid())
-
-
-def die_with_parent() -> None:
-    """Make the calling process die with its parent (for children not started by Popen, such
-    as multiprocessing's)."""
-    prctl = _prctl()
-    if prctl is not None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+from supervisor.process import parent_death_hook
 
 
 class Terminated(SystemExit):
@@ -177,7 +145,7 @@ def spawn_proxy(
             env=env,
             cwd=checkout,
             start_new_session=True,
-            preexec_fn=child_dies_with_us(),  # noqa: PLW1509 (only calls prctl, looked up before)
+            preexec_fn=parent_death_hook(),  # noqa: PLW1509 (only calls prctl, looked up before)
         )
     return ProxyProcess(process, log_path, port=0)
 
@@ -238,7 +206,7 @@ def start_server(module_args: list[str], *, timeout: float = 20.0) -> ServerProc
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        preexec_fn=child_dies_with_us(),  # noqa: PLW1509 (only calls prctl, looked up before)
+        preexec_fn=parent_death_hook(),  # noqa: PLW1509 (only calls prctl, looked up before)
     )
     server = ServerProcess(process, port)
     deadline = time.monotonic() + timeout

@@ -87,8 +87,17 @@ def _prctl() -> Callable[..., int] | None:
     return function
 
 
-def _parent_death_hook() -> Callable[[], None] | None:
+def parent_death_hook() -> Callable[[], None] | None:
+    """A `preexec_fn` that makes the child die with this process (None off Linux)."""
     return functools.partial(_die_with_parent, os.getpid()) if _prctl() is not None else None
+
+
+def die_with_parent() -> None:
+    """Make the calling process die with its parent (for children not started by Popen, such
+    as multiprocessing's)."""
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -160,7 +169,7 @@ class ChildProcess:
             stderr=subprocess.PIPE,
             env=dict(env),
             start_new_session=True,
-            preexec_fn=_parent_death_hook(),
+            preexec_fn=parent_death_hook(),
         )
         return cls(transport, protocol, log)
 
