@@ -182,7 +182,7 @@ def _demo_admin_key(settings: Settings, config: Path | None) -> str | None:
     `mtp-proxy status` works against it (the banner shows it)."""
     if config is not None or settings.server.admin_key is not None:
         return None
-    key = secrets.token_urlsafe(16)
+    key = secrets.token_hex(16)  # hex: never a leading "-", which a command line reads as a flag
     settings.server.admin_key = SecretStr(key)
     return key
 

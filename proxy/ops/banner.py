@@ -38,7 +38,7 @@ def render_banner(
     lines += _labelled("try", [_curl(url, settings), *_first_answer(settings)])
     status = f"{command} status --url {url}"
     if admin_key is not None:
-        status += f" --admin-key {admin_key}"
+        status += f" --admin-key={admin_key}"  # "=": a key may begin with "-"
         lines += _labelled("admin key", [f"{admin_key} (made up for this run)"])
     elif settings.server.admin_key is not None:
         status += " --config FILE" if config_path is None else f" --config {config_path}"

@@ -109,7 +109,7 @@ def build_config(args: argparse.Namespace) -> tuple[str, list[str]]:
         facts=facts,
         build=build,
         context=context,
-        admin_key=secrets.token_urlsafe(24),
+        admin_key=secrets.token_hex(24),  # hex: no leading "-" to trip --admin-key KEY
         state_file=args.state_file,
     )
     notes = [

@@ -171,7 +171,7 @@ def test_the_demo_banner_on_a_terminal_and_status_from_it(tmp_path: Path) -> Non
         deadline = time.monotonic() + 60
         while "(live: " not in seen and time.monotonic() < deadline:
             seen += ANSI.sub("", read_available(controller).decode(errors="replace"))
-        match = re.search(r"status --url (\S+) --admin-key (\S+)", seen)
+        match = re.search(r"status --url (\S+) --admin-key=(\S+)", seen)
         assert match, seen
         url, key = match.groups()
         assert url == f"http://127.0.0.1:{port}"
@@ -195,7 +195,7 @@ def test_the_demo_banner_on_a_terminal_and_status_from_it(tmp_path: Path) -> Non
 def wait_status(url: str, key: str) -> subprocess.CompletedProcess[str]:
     deadline = time.monotonic() + 30
     while True:
-        status = run_cli("status", "--url", url, "--admin-key", key)
+        status = run_cli("status", "--url", url, f"--admin-key={key}")  # as the banner prints it
         if status.returncode == 0 or time.monotonic() > deadline:
             return status
         time.sleep(0.2)

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import io
 import logging
+import re
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import structlog
 
+from proxy.cli import _demo_admin_key, _parser
 from proxy.config.settings import Settings, load_settings
 from proxy.ops.banner import render_banner, what_runs
 from proxy.ops.logs import configure_logging
@@ -45,9 +48,26 @@ def test_the_demo_banner_says_what_runs_in_truth() -> None:
     after_curl = lines[lines.index(curl) + 1]
     assert "answered once the backend is calibrated" in after_curl
     assert "measured again at each start: no routing.state_file" in after_curl
-    assert ".venv/bin/mtp-proxy status --url http://127.0.0.1:8080 --admin-key k3y-made-up" in text
+    assert ".venv/bin/mtp-proxy status --url http://127.0.0.1:8080 --admin-key=k3y-made-up" in text
     # The live page with the key made up for this run: the link opens it as it is.
     assert "http://127.0.0.1:8080/ui/#key=k3y-made-up   (live: " in text
+
+
+def test_the_banners_status_command_parses_whatever_the_key_begins_with() -> None:
+    # A CI run drew a made-up key beginning with "-": `--admin-key -x...` read it as a flag.
+    text = render_banner(
+        demo(), 8080, version="0.1.0", config_path=None, command="mtp-proxy", admin_key="-k3y"
+    )
+    line = next(line for line in text.splitlines() if "mtp-proxy status" in line)
+    words = shlex.split(line.split("mtp-proxy ", 1)[1].split("   (")[0])
+    assert _parser().parse_args(words).admin_key == "-k3y"
+
+
+def test_made_up_keys_never_begin_with_a_dash(tmp_path: Path) -> None:
+    settings = demo()
+    keys = [_demo_admin_key(demo(), None) for _ in range(200)]
+    assert all(key and re.fullmatch(r"[0-9a-f]{32}", key) for key in keys), keys
+    assert _demo_admin_key(settings, tmp_path / "config.toml") is None  # a file brings its own
 
 
 def test_a_configured_box_points_status_at_its_config(tmp_path: Path) -> None:

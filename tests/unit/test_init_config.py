@@ -158,6 +158,8 @@ def test_the_config_has_everything_and_validates(tmp_path: Path) -> None:
     assert settings.routing.state_file == Path(STATE_FILE)
     key = settings.server.admin_key
     assert key is not None and len(key.get_secret_value()) >= 32
+    # Hex: `--admin-key KEY` never reads a key beginning with "-" as a flag.
+    assert all(c in "0123456789abcdef" for c in key.get_secret_value())
     assert settings.server.host == "127.0.0.1"
     # Commented: every block says what it is for.
     assert text.count("\n# ") >= 10
