@@ -92,12 +92,11 @@ def parent_death_hook() -> Callable[[], None] | None:
     return functools.partial(_die_with_parent, os.getpid()) if _prctl() is not None else None
 
 
-def die_with_parent() -> None:
-    """Make the calling process die with its parent (for children not started by Popen, such
-    as multiprocessing's)."""
+def die_with_parent() -> bool:
+    """Make the calling process die with its parent (also for children not started by Popen,
+    such as multiprocessing's). False off Linux or when refused."""
     prctl = _prctl()
-    if prctl is not None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    return prctl is not None and prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -108,8 +107,7 @@ def _die_with_parent(parent_pid: int) -> None:
     its llama-servers running, listening and holding GPU memory. prctl is looked up before
     the fork, so the child only calls it.
     """
-    prctl = _prctl()
-    if prctl is None or prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    if not die_with_parent():
         return  # not Linux, or refused: the supervisor's own stop still ends the child
     if os.getppid() != parent_pid:  # the proxy died between fork and prctl
         os._exit(1)
