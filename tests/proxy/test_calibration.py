@@ -131,9 +131,9 @@ async def test_the_proxy_calibrates_shows_and_uses_it(preset: str, tmp_path: Pat
         # The first busy stretch starts where the measurement said for the traffic it serves:
         # chats one at a time (the box's traffic so far: short prompts), then 4 at once. The
         # process's busy context starts as two admissions of long_context_tokens (the router's
-        # prior): after 10 chats it still weighs ~5k tokens, which carries setup-b-batched's
-        # measured gap (1.13-1.32x at 4 slots) down to the 5 % margin at its low end (a loaded
-        # machine measured 1.14, and off was then right for ~5k tokens); after 30, ~2k tokens.
+        # prior, fading as it serves: routing.router.RecentContext): after 10 chats it still
+        # weighs ~4k tokens, after 30 ~0.5k, where setup-b-batched's measured gap (1.13-1.32x
+        # at 4 slots) stays clear of the 5 % margin at its low end.
         for _ in range(30):
             await burst(proxy, 1)
         decided = await burst(proxy, 4)

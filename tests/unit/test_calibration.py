@@ -17,7 +17,7 @@ from proxy.routing.calibrate import identity
 from proxy.routing.calibration import BUSY_MARGIN, Calibration, Cell, KindCell
 from proxy.routing.classes import RequestClass
 from proxy.routing.depth import Replica, decide_depth
-from proxy.routing.router import PerRequestModel, Router
+from proxy.routing.router import PerRequestModel, RecentContext, Router
 from proxy.routing.stats import LearnedStats
 from proxy.serving.backends import LiveBackends
 from supervisor.spec import BackendSpec
@@ -225,3 +225,16 @@ def test_a_busy_process_carries_the_calibrated_gap_to_the_context_it_serves() ->
     assert _busy_pick(_router_with(calibration(1.7, 1.2)), 300, 12) == "max"
     assert _busy_pick(_router_with(calibration(1.7, 1.2)), 40_000, 3) == "off"
     assert _busy_pick(_router_with(calibration(1.7, 1.2)), 300, 0) == "off"
+
+
+def test_the_prior_context_fades_as_the_process_serves() -> None:
+    """The long prior context is a guess for a process that has served nothing yet: after 30
+    short chats the busy context is theirs, and a gap measured at 1.14x (a loaded machine's
+    setup-b-batched) stays above the 5 % margin. Counted at full weight beside the decayed
+    count, the prior held it near 5k tokens, and the first busy stretch ran off."""
+    assert _busy_pick(_router_with(calibration(1.7, 1.136)), 300, 30) == "max"
+    recent = RecentContext()
+    assert recent.tokens(32768) == 32768
+    for _ in range(30):
+        recent = recent.admit(300, 0.5 ** (1 / 8))
+    assert recent.tokens(32768) < 1000
