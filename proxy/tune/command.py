@@ -1,6 +1,6 @@
 """`mtp-proxy tune`: measure draft settings on this machine, recommend profiles, apply them.
 
-mtp-proxy tune --url URL --admin-key KEY [...]   through the running service: one copy of the
+mtp-proxy tune --url URL --admin-key=KEY [...]   through the running service: one copy of the
                                                  weights, its users served meanwhile
 mtp-proxy tune --config FILE [...]               tune's own processes, for a box whose service
                                                  is stopped

@@ -57,7 +57,7 @@ def second_copy_refusal(
         f"the service at {url} is running and serves {', '.join(names)} on {where}; tune's own "
         f"process would be a second copy of the weights there (~{gib(mine[0].bytes)}, "
         f"{room}). Measure through the service instead: mtp-proxy tune --url {url} "
-        "--admin-key KEY (no second copy, users are served meanwhile), or stop the service "
+        "--admin-key=KEY (no second copy, users are served meanwhile), or stop the service "
         "first (sudo systemctl stop mtp-proxy)"
     )
 

@@ -91,7 +91,7 @@ def test_refuses_a_second_copy_on_the_gpu_the_running_service_uses(
     assert done.returncode == 2, done.stderr
     assert f"refused: the service at http://127.0.0.1:{fake_service} is running" in done.stderr
     assert "serves big on GPU 0" in done.stderr and "5.86 GiB free now" in done.stderr
-    assert f"mtp-proxy tune --url http://127.0.0.1:{fake_service} --admin-key KEY" in done.stderr
+    assert f"mtp-proxy tune --url http://127.0.0.1:{fake_service} --admin-key=KEY" in done.stderr
     assert not out.exists()  # nothing started, nothing measured
 
 

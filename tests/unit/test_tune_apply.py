@@ -6,11 +6,13 @@ file it seeds: tests/unit/test_overrides.py.)"""
 from __future__ import annotations
 
 import os
+import shlex
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from proxy.cli import _parser
 from proxy.config.overrides import StateFile
 from proxy.config.routing import RoutingSettings
 from proxy.config.settings import Settings, load_settings
@@ -163,7 +165,11 @@ def test_no_second_copy_of_the_weights_on_the_gpu_the_service_uses(tmp_path: Pat
     assert refusal is not None
     assert "the service at http://127.0.0.1:8080 is running and serves big on GPU 0" in refusal
     assert "second copy of the weights" in refusal and "7.00 GiB free now" in refusal
-    assert "mtp-proxy tune --url http://127.0.0.1:8080 --admin-key KEY" in refusal
+    assert "mtp-proxy tune --url http://127.0.0.1:8080 --admin-key=KEY" in refusal
+    # As printed, it parses whatever the key begins with ("--admin-key KEY" read "-k3y" as a flag).
+    command = refusal.split("instead: mtp-proxy ", 1)[1].split(" (", 1)[0]
+    words = shlex.split(command.replace("KEY", "-k3y"))
+    assert _parser().parse_args(words).admin_key == "-k3y"
     # Nothing answers at the service's address: the box is tune's.
     assert second_copy_refusal(settings, model, health=lambda h, p: None) is None
     # The service serves nothing on that GPU (another model), or the model runs on the CPU.
