@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import math
 import secrets
 import sys
 import tempfile
@@ -583,6 +584,12 @@ def _run(coroutine: Any) -> Any:
         return runner.run(coroutine)
 
 
+def _ms(value: float) -> str:
+    """A delay for the table; "-" where there is none (the gap between chunks of a workload
+    that does not stream)."""
+    return f"{value:.2f}ms" if math.isfinite(value) else "-"
+
+
 def print_report(report: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
         print(json.dumps(report, indent=2))
@@ -610,7 +617,7 @@ def print_report(report: dict[str, Any], *, as_json: bool) -> None:
             f"{row['ratio']:.3f}",
         ]
         cells += [
-            f"{row['added_gap_p99_ms']:.2f}ms",
+            _ms(row["added_gap_p99_ms"]),
             f"{row['cpu_s_per_1k']:.2f}",
             f"{int(row['errors'])}",
         ]
