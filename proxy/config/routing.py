@@ -173,8 +173,8 @@ class RoutingSettings(BaseModel):
         default=128,
         ge=16,
         le=4096,
-        description="Output tokens of each calibration request. 128 costs ~21 s on setup B "
-        "(a 27B on a 3090, 4 slots) and ~26 s at 250 W.",
+        description="Output tokens of each calibration request. 128 costs 21-22 s of backend "
+        "time on setup B (a 27B on a 3090, 4 slots) and 24-26 s at 250 W.",
     )
     calibration_timeout_s: float = Field(
         default=120.0,
