@@ -442,13 +442,15 @@ class Router:
         learn: bool = True,
         single_depth_s: float = 0.0,
         single_depth_load: float = 0.0,
+        single_depth_tokens: int = 0,
         others_at_end: int | None = None,
     ) -> Observation:
         """The request's observation; learned from unless ``learn`` is False (it ran at a
         depth the client set itself, which is not its route's profile, or beside another
         depth). ``single_depth_s``: how long it ran while its process was busy at its depth only
         (what the busy epochs learn from, routing.busy), ``single_depth_load`` how many requests
-        decoded together then, on average. ``others_at_end``: the other requests on its backend
+        decoded together then, on average, ``single_depth_tokens`` the tokens it streamed then
+        (0: not streamed, or none then). ``others_at_end``: the other requests on its backend
         when it ended (default: now)."""
         self._caches.release(route.backend.name, route.cache_key)
         scale = self.settings.clock_scale
@@ -475,8 +477,13 @@ class Router:
         parts: list[Callable[[], None]] = []
         speed = observation.decode_tok_s
         if busy is not None and settings.learning and speed and observation.output_tokens:
-            # Its time at one depth, of which no more than it spent decoding (not its prefill).
+            # Its time at one depth, of which no more than it spent decoding (not its prefill);
+            # streamed, its speed over that time alone (``Lease.streamed``).
             seconds = min(single_depth_s * scale, observation.output_tokens / speed)
+            busy_speed = speed
+            if single_depth_tokens > 0 and single_depth_s > 0:
+                seconds = single_depth_s * scale
+                busy_speed = single_depth_tokens / seconds
             busy_level = load_level(single_depth_load, settings)
             parts.append(
                 functools.partial(
@@ -484,7 +491,7 @@ class Router:
                     route.request_class,
                     busy_level,
                     route.profile,
-                    speed,
+                    busy_speed,
                     seconds,
                     self._busy_decay,
                 )

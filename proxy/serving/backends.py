@@ -103,9 +103,13 @@ class LiveBackend:
         if self.decoding[profile] <= 0:
             del self.decoding[profile]
 
+    def busy_at(self, profile: str) -> bool:
+        """Whether the single-depth clock of ``profile`` runs now: two or more requests
+        decoding, every one at ``profile``."""
+        return len(self.decoding) == 1 and self.decoding.get(profile, 0) >= 2
+
     def _open_span(self, profile: str, now: float) -> float:
-        at_one_depth = len(self.decoding) == 1 and self.decoding[profile] >= 2
-        return now - self._since if at_one_depth else 0.0
+        return now - self._since if self.busy_at(profile) else 0.0
 
     def _settle(self) -> None:
         """Close the span so far: the set of decoding requests is about to change."""
@@ -193,6 +197,9 @@ class Lease:
     decoding_from: float | None = None
     slots_from: float = 0.0
     mix_mark: int | None = None
+    single_depth_events: int = 0
+    """Stream events (one per token) that arrived while the single-depth clock ran: over
+    ``single_depth_s``, its decode speed while busy at its depth (``streamed``)."""
 
     def decoding(self) -> None:
         """Its first token: from now on it decodes beside the others (once; later calls do
@@ -202,6 +209,19 @@ class Lease:
             self.backend.begin(self.profile)
             self.decoding_from = self.backend.single_depth_seconds(self.profile)
             self.slots_from = self.backend.single_depth_slot_seconds(self.profile)
+
+    def streamed(self, chunk: bytes) -> None:
+        """A chunk of its stream arrived: its first marks ``decoding``; each one's events count
+        toward ``single_depth_events`` while the process is busy at its profile only. Events,
+        not the tokens the final timings report: a request that also ran alone or beside
+        another depth decodes faster or slower there, and its whole-run speed weighted by its
+        busy seconds carried that into the busy comparison (an exploring epoch begins on an
+        idle process, so its requests ran partly alone: setup-b's depth 3 measured 34-85 tok/s
+        where it decodes at 19-28 beside others). llama-server sends one event per token;
+        an event ends with a blank line, which JSON text cannot hold."""
+        self.decoding()
+        if self.backend.busy_at(self.profile):
+            self.single_depth_events += chunk.count(b"\n\n") + chunk.count(b"\r\n\r\n")
 
     @property
     def ran_mixed(self) -> bool:

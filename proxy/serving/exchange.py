@@ -71,6 +71,7 @@ class Exchange:
         self.ran_mixed = False  # decoded beside another depth on its process (not learned from)
         self.single_depth_s = 0.0  # ... and how long it ran busy beside its own depth only
         self.single_depth_load = 0.0  # ... with how many decoding then, on average
+        self.single_depth_events = 0  # ... and the stream events (tokens) it got then
         self.others_at_end: int | None = None  # requests on its backend when it ended
         self.failed: dict[str, int] = {}  # backend -> generation that failed before answering
 
@@ -214,10 +215,11 @@ class Exchange:
             self.sent_at = sent_at = time.perf_counter()
             response = await open_upstream(state.client(), url, body, headers, state.timeouts)
             async with response:
-                out, relayed = await self._relay(response, route, lease.decoding)
+                out, relayed = await self._relay(response, route, lease.streamed)
             self.ran_mixed = lease.ran_mixed
             self.single_depth_s = lease.single_depth_s()
             self.single_depth_load = lease.single_depth_load()
+            self.single_depth_events = lease.single_depth_events
         # Read now, not in the deferred bookkeeping: by then a client that sends its next
         # request at once (one person's agent) has it in flight, and a request that ran alone
         # was learned as one that ran beside another (routing.router, load levels).
@@ -248,7 +250,7 @@ class Exchange:
             await sent(self.request, out.write_eof(), send_s)
 
     async def _relay(
-        self, response: aiohttp.ClientResponse, route: Route, first_chunk: Callable[[], None]
+        self, response: aiohttp.ClientResponse, route: Route, on_chunk: Callable[[bytes], None]
     ) -> tuple[web.StreamResponse, Relayed]:
         extra = {
             "X-MTP-Profile": route.profile,
@@ -274,7 +276,7 @@ class Exchange:
                 timeouts=timeouts,
                 relayed=self.relayed,
                 rewriter=indexer,
-                first_chunk=first_chunk,
+                on_chunk=on_chunk,
             )
         out, relayed = await relay_body(self.request, response, extra, timeouts)
         if self.mends.tools and response.status == 200:
@@ -359,6 +361,7 @@ class Exchange:
             learn=route.depth is None or not (unprofiled or self.ran_mixed),
             single_depth_s=0.0 if unprofiled else self.single_depth_s,
             single_depth_load=self.single_depth_load,
+            single_depth_tokens=self.single_depth_events,
             others_at_end=self.others_at_end,
         )
         self.state.metrics.record_observation(self.model, route.profile, observation)

@@ -345,14 +345,14 @@ async def relay_stream(
     timeouts: Timeouts,
     relayed: Relayed | None = None,
     rewriter: ChunkRewriter | None = None,
-    first_chunk: Callable[[], None] | None = None,
+    on_chunk: Callable[[bytes], None] | None = None,
 ) -> tuple[web.StreamResponse, Relayed]:
     """Relay an SSE stream chunk by chunk, flushing each one; end with an error event on failure.
 
     `relayed` (the caller's, so it can still read it if the client leaves mid-relay) records how
     it went; `rewriter`, if any, completes the events on their way (proxy.serving.responses_events);
-    `first_chunk`, if any, is called when the first chunk arrives (its first token: the
-    request's prompt has been processed).
+    `on_chunk`, if any, sees each chunk from the backend as it arrives (the first is its first
+    token: the request's prompt has been processed).
     """
     out = web.StreamResponse(
         status=response.status, headers=client_headers(response.headers, headers)
@@ -378,8 +378,8 @@ async def relay_stream(
         now = time.perf_counter()
         if relayed.first_chunk_at is None:
             relayed.first_chunk_at = now
-            if first_chunk is not None:
-                first_chunk()
+        if on_chunk is not None:
+            on_chunk(chunk)
         relayed.last_chunk_at = now
         relayed.chunks += 1
         sink.feed(chunk, now)

@@ -417,6 +417,49 @@ def test_busy_learning_weighs_runs_by_their_time_at_one_depth_not_by_how_fast_th
     assert math.exp(cell.mean) == pytest.approx(math.sqrt(40 * 20))
 
 
+def _events(tokens: int) -> bytes:
+    """``tokens`` stream events as llama-server sends them: one per token."""
+    return b'data: {"choices":[{"delta":{"content":"x\\n\\n"}}]}\n\n' * tokens
+
+
+def test_a_busy_speed_is_the_tokens_streamed_while_busy_at_one_depth() -> None:
+    """A request at max decodes 300 tokens alone in 10 s (drafting pays most there), then 100
+    in 10 s beside another at max. What the busy epochs learn is the 10 tok/s it decoded while
+    busy, not its whole run's 20 tok/s: an exploring epoch starts on an idle process, so its
+    requests' whole-run speeds made the deep depth look faster beside others than it was."""
+    router = _one_process_router(RoutingSettings(half_life_samples=1e12))
+    backend = router.backends.of_model("m")[0]
+    backend.clock = clock = _Clock()
+    router.stats.busy[backend.name] = state = BusyDepths()
+    features = _features("x")
+    route = router.route("m", features, exclude=())
+    assert route is not None
+    route = replace(route, profile="max", depth=3, reason="busy")
+    with router.backends.lease(backend, "max", prefill=True) as lease:
+        lease.streamed(_events(1))  # its first token: it decodes from here
+        clock.now = 10.0
+        lease.streamed(_events(299))  # alone: not counted
+        with router.backends.lease(backend, "max", prefill=True) as other:
+            other.streamed(_events(1))
+            clock.now = 20.0
+            lease.streamed(_events(100))
+        busy_s, events = lease.single_depth_s(), lease.single_depth_events
+    assert (busy_s, events) == (10.0, 100)
+    usage = ParsedUsage(has_timings=True, prompt_n=500, predicted_n=400, predicted_ms=20_000)
+    router.observe(
+        route,
+        features,
+        usage,
+        sent_at=0,
+        done_at=20,
+        single_depth_s=busy_s,
+        single_depth_load=2.0,
+        single_depth_tokens=events,
+    )
+    cell = state.speeds[(route.request_class.label, 2, "max")]
+    assert math.exp(cell.mean) == pytest.approx(10.0) and cell.weight == pytest.approx(10.0)
+
+
 def test_a_cold_pick_at_the_deepest_depth_measures_the_shallowest_next() -> None:
     """cold_busy_role = max (a box known to batch drafts well) starts busy stretches at max and
     still learns whether decoding plain is faster: the other depth it measures is off."""
