@@ -232,9 +232,16 @@ def _calibration_table(calibration: dict[str, Any]) -> str:
             for load in loads
         )
         levels = c.get("levels", {})
-        rules = ", ".join(f"{lv}: {v.get('cold_role')}" for lv, v in sorted(levels.items()))
+        rules = ", ".join(f"{lv}: {_cold_rule(v)}" for lv, v in sorted(levels.items()))
         rows.append([name, measured, rules, _seconds_short(c.get("backend_s"))])
     return _table(["backend", "measured", "cold rule by level", "cost"], rows)
+
+
+def _cold_rule(level: dict[str, Any]) -> str:
+    """A level's cold rule, and depth 3 against depth 0 by content kind where measured."""
+    by_kind = level.get("by_kind") or {}
+    gaps = ", ".join(f"{kind} {ratio:.2f}x" for kind, ratio in sorted(by_kind.items()))
+    return f"{level.get('cold_role')}" + (f" ({gaps})" if gaps else "")
 
 
 def _collapse_table(collapse: dict[str, Any]) -> str:

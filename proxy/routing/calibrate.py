@@ -34,7 +34,7 @@ import aiohttp
 import structlog
 
 from proxy.config.routing import RoutingSettings
-from proxy.routing.calibration import Calibration, Cell, KindCell
+from proxy.routing.calibration import KINDS, Calibration, Cell, KindCell
 from proxy.routing.stats import LearnedStats
 
 DEPTH_KEY = "speculative.n_max"
@@ -149,14 +149,12 @@ async def _burst(
     kinds: list[KindCell],
 ) -> tuple[Cell, float]:
     """``load`` requests at once (alone: the code prompt, then the prose prompt, one after the
-    other, each also kept by its kind in ``kinds``); the cell and the backend time it took."""
+    other), each also kept by its kind in ``kinds``; the cell and the backend time it took."""
     if load == 1:
         answers = [
             await _complete(session, url, model, prompt, depth, tokens) for prompt in PROMPTS
         ]
         backend_ms = sum(a.backend_ms for a in answers)
-        for kind, answer in zip(("code", "prose"), answers, strict=True):
-            kinds.append(KindCell(kind, depth, answer.tok_s, answer.context))
     else:
         prompts = [f"{PROMPTS[i % 2]}#{i}\n" for i in range(load)]
         answers = list(
@@ -165,6 +163,8 @@ async def _burst(
             )
         )
         backend_ms = max(a.backend_ms for a in answers)
+    for i, answer in enumerate(answers):
+        kinds.append(KindCell(KINDS[i % 2], depth, answer.tok_s, answer.context, load))
     drafted = sum(a.drafted for a in answers)
     acceptance = sum(a.accepted for a in answers) / drafted if drafted else None
     tok_s = sum(a.tok_s for a in answers) / len(answers)
@@ -210,7 +210,8 @@ async def measure(
         backend_s=backend_s,
         measured_at=started,
         tokens=tokens,
-        alone_kinds=tuple(kinds),
+        alone_kinds=tuple(k for k in kinds if k.load == 1),
+        busy_kinds=tuple(k for k in kinds if k.load > 1),
     )
 
 

@@ -40,6 +40,10 @@ on the simulator's setup-b (which loses 23 % with 4 parallel code requests, llam
 different times, so the tail of a burst decodes at a lower load), setup-b-batched 1.13-1.33x."""
 
 
+KINDS = ("code", "prose")
+"""The content kinds the calibration measures (``proxy.routing.calibrate.PROMPTS``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Cell:
     """What one burst measured: ``requests`` requests decoding together at ``depth``."""
@@ -55,14 +59,16 @@ class Cell:
 
 @dataclass(frozen=True, slots=True)
 class KindCell:
-    """One alone request of the calibration: its content kind, depth, speed and mean context
-    (prompt + half the answer): a first point of that kind's context trend
-    (``choice.trend_estimates``)."""
+    """One request of the calibration: its content kind, depth, speed and mean context (prompt
+    + half the answer), and how many requests decoded with it (``load``). Alone, a first point
+    of that kind's context trend (``choice.trend_estimates``); busy, that kind's gap beside
+    others (``Calibration.ratio``)."""
 
     kind: str
     depth: int
     tok_s: float
     context: float
+    load: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +92,12 @@ class Calibration:
     notes: tuple[str, ...] = field(default_factory=tuple)
     alone_kinds: tuple[KindCell, ...] = ()
     """The alone requests one by one, by content kind (calibrations from before: none)."""
+    busy_kinds: tuple[KindCell, ...] = ()
+    """The busy bursts' requests one by one, by content kind (calibrations from before: none).
+    Drafting's gap beside others differs by kind where acceptance does: on the simulator's
+    rtx3090-250w (the published 3090's code/prose split) depth 3 decodes code 1.56x depth 0
+    with 4 decoding and prose 0.85x; the burst's mean, 1.27x, carried to an agent's long code
+    prompts, called for depth 0 where depth 3 was 1.6x faster."""
 
     @property
     def loads(self) -> list[int]:
@@ -107,36 +119,69 @@ class Calibration:
         busy = [load for load in self.loads if load > 1]
         return min(busy, key=lambda load: (abs(load - level), load)) if busy else None
 
-    def ratio(self, level: int) -> float | None:
-        """Deepest depth's per-request decode speed over depth 0's, at that load level."""
-        load = self.measured_load(level)
-        if load is None:
-            return None
-        deep, plain = self.speed(load, self.deepest), self.speed(load, 0)
-        if deep is None or plain is None or plain <= 0 or self.deepest == 0:
-            return None
-        return deep / plain
+    def kind_speed(self, load: int, depth: int, kind: str) -> float | None:
+        """The mean decode speed of the ``kind`` requests measured at that load and depth."""
+        cells = self.alone_kinds if load == 1 else self.busy_kinds
+        found = [c.tok_s for c in cells if c.load == load and c.depth == depth and c.kind == kind]
+        return sum(found) / len(found) if found else None
 
-    def log_gap(self, level: int, context_tokens: float = 0.0) -> float | None:
-        """log(deepest / depth 0) at that load level, as measured on short prompts, and where
-        ``context_tokens`` is given, carried to that context (``CONTEXT_DECLINE_PER_KTOK``):
-        the busy epochs' prior."""
-        ratio = self.ratio(level)
+    def ratio(self, level: int, kind: str | None = None) -> float | None:
+        """Deepest depth's per-request decode speed over depth 0's, at that load level: of the
+        ``kind`` requests where they were measured beside others (``busy_kinds``), else of all
+        of them."""
+        load = self.measured_load(level)
+        if load is None or self.deepest == 0:
+            return None
+        own = self._kind_ratio(load, kind) if kind is not None and load > 1 else None
+        if own is not None:
+            return own
+        deep, plain = self.speed(load, self.deepest), self.speed(load, 0)
+        return deep / plain if deep is not None and plain is not None and plain > 0 else None
+
+    def _kind_ratio(self, load: int, kind: str) -> float | None:
+        deep, plain = self.kind_speed(load, self.deepest, kind), self.kind_speed(load, 0, kind)
+        return deep / plain if deep is not None and plain is not None and plain > 0 else None
+
+    def log_gap(
+        self, level: int, context_tokens: float = 0.0, kind: str | None = None
+    ) -> float | None:
+        """log(deepest / depth 0) at that load level, as measured on short prompts (of
+        ``kind``: ``ratio``), and where ``context_tokens`` is given, carried to that context
+        (``CONTEXT_DECLINE_PER_KTOK``): the busy epochs' prior."""
+        ratio = self.ratio(level, kind)
         if ratio is None or ratio <= 0:
             return None
         return math.log(ratio) + CONTEXT_DECLINE_PER_KTOK * max(context_tokens, 0.0) / 1000.0
 
-    def cold_role(self, level: int, context_tokens: float = 0.0) -> Role | None:
-        """The cold rule at a load level, for requests of ``context_tokens``. Busy (level >=
-        2): the deepest depth where it is expected ``BUSY_MARGIN`` faster there, else off.
-        Alone: None (the content rules stand) unless drafting lost even on the short prompts,
-        then "off"."""
-        gap = self.log_gap(level, 0.0 if level <= 1 else context_tokens)
+    def cold_role(
+        self, level: int, context_tokens: float = 0.0, kinds: Mapping[str, float] | None = None
+    ) -> Role | None:
+        """The cold rule at a load level, for requests of ``context_tokens`` whose content is
+        ``kinds`` (kind -> share; None: the calibration's own mix of code and prose). Busy
+        (level >= 2): the deepest depth where it is expected ``BUSY_MARGIN`` faster there, else
+        off. Alone: None (the content rules stand) unless drafting lost even on the short
+        prompts, then "off"."""
+        if level <= 1:
+            gap = self.log_gap(level)
+            return None if gap is None or gap >= 0.0 else "off"
+        gap = self._mixed_gap(level, context_tokens, kinds or {})
+        gap = self.log_gap(level, context_tokens) if gap is None else gap
         if gap is None:
             return None
-        if level <= 1:
-            return "off" if gap < 0.0 else None
         return "max" if gap >= math.log(1.0 + BUSY_MARGIN) else "off"
+
+    def _mixed_gap(self, level: int, context: float, kinds: Mapping[str, float]) -> float | None:
+        """The kinds' gaps weighted by their shares; None unless each was measured busy."""
+        load = self.measured_load(level)
+        total = sum(kinds.values())
+        if load is None or load <= 1 or total <= 0:
+            return None
+        ratios = {kind: self._kind_ratio(load, kind) for kind in kinds}
+        if any(r is None or r <= 0 for r in ratios.values()):
+            return None
+        decline = CONTEXT_DECLINE_PER_KTOK * max(context, 0.0) / 1000.0
+        logs = sum(kinds[k] * math.log(r) for k, r in ratios.items() if r is not None)
+        return logs / total + decline
 
     def cold_roles(self, levels: Iterable[int]) -> dict[int, Role]:
         """``cold_role`` of every level it says something about."""
@@ -150,7 +195,8 @@ class Calibration:
         return alone[0].acceptance if alone else None
 
     def findings(self, levels: Iterable[int]) -> dict[str, Any]:
-        """For the log, /admin/routing and status: per level the ratio and the cold rule."""
+        """For the log, /admin/routing and status: per level the ratio (by content kind where
+        measured beside others) and the cold rule."""
         out: dict[str, Any] = {}
         for level in levels:
             ratio = self.ratio(level)
@@ -158,6 +204,10 @@ class Calibration:
                 "deep_vs_off": None if ratio is None else round(ratio, 3),
                 "cold_role": self.cold_role(level) or "rules",
             }
+            load = self.measured_load(level)
+            by_kind = {k: self._kind_ratio(load, k) for k in KINDS} if load and load > 1 else {}
+            if by_kind and None not in by_kind.values():
+                out[str(level)]["by_kind"] = {k: round(r or 0.0, 3) for k, r in by_kind.items()}
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -175,6 +225,7 @@ class Calibration:
             "tokens": self.tokens,
             "notes": list(self.notes),
             "alone_kinds": [[k.kind, k.depth, k.tok_s, k.context] for k in self.alone_kinds],
+            "busy_kinds": [[k.kind, k.depth, k.tok_s, k.context, k.load] for k in self.busy_kinds],
         }
 
     @classmethod
@@ -202,6 +253,7 @@ class Calibration:
             tokens=int(data.get("tokens", 0)),
             notes=tuple(str(n) for n in data.get("notes", ())),
             alone_kinds=tuple(_kind_cell(row) for row in data.get("alone_kinds", ())),
+            busy_kinds=tuple(_kind_cell(row) for row in data.get("busy_kinds", ())),
         )
 
     def report(self, levels: Iterable[int]) -> dict[str, Any]:
@@ -223,11 +275,13 @@ class Calibration:
 
 
 def _kind_cell(row: object) -> KindCell:
-    if not isinstance(row, list) or len(row) != 4 or row[0] not in ("code", "prose"):
-        raise ValueError(f"not an alone calibration request: {row!r}")
-    cell = KindCell(str(row[0]), int(row[1]), float(row[2]), float(row[3]))
-    if cell.depth < 0 or not (cell.tok_s > 0 and cell.context >= 0):
-        raise ValueError(f"not an alone calibration request: {row!r}")
+    """[kind, depth, tok_s, context] alone, with the load after it when busy."""
+    if not isinstance(row, list) or len(row) not in (4, 5) or row[0] not in KINDS:
+        raise ValueError(f"not a calibration request: {row!r}")
+    load = int(row[4]) if len(row) == 5 else 1
+    cell = KindCell(str(row[0]), int(row[1]), float(row[2]), float(row[3]), load)
+    if cell.depth < 0 or cell.load < 1 or not (cell.tok_s > 0 and cell.context >= 0):
+        raise ValueError(f"not a calibration request: {row!r}")
     return cell
 
 

@@ -277,7 +277,8 @@ class _Choice:
         s = self.s
         calibration = self.calibration
         tokens = self.f.est_prompt_tokens
-        calibrated = calibration.cold_role(self.level, tokens) if calibration else None
+        kinds: dict[str, float] = {self.f.kind: 1.0}
+        calibrated = calibration.cold_role(self.level, tokens, kinds) if calibration else None
         if calibrated is not None:  # what the replica measured at this load at start-up
             role = calibrated
         elif self.level > 1:  # beside others

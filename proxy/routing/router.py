@@ -85,14 +85,24 @@ class RecentContext:
     total: float = 0.0
     squares: float = 0.0
     prior: float = BUSY_CONTEXT_PRIOR
+    code: float = 0.0
+    """The part of ``total`` that was code."""
 
-    def admit(self, tokens: float, decay: float) -> RecentContext:
+    def admit(self, tokens: float, decay: float, kind: str) -> RecentContext:
         return RecentContext(
             self.count * decay + 1.0,
             self.total * decay + tokens,
             self.squares * decay + tokens**2,
             self.prior * decay,
+            self.code * decay + (tokens if kind == "code" else 0.0),
         )
+
+    def kinds(self) -> dict[str, float] | None:
+        """The admissions' content, kind -> share of their tokens (None before any): what the
+        calibrated busy gap is taken for (a process serving agents decodes mostly code)."""
+        if self.total <= 0:
+            return None
+        return {"code": self.code / self.total, "prose": 1.0 - self.code / self.total}
 
     def tokens(self, prior_tokens: float) -> float:
         """Weighted by tokens (a long agent prompt holds the process, and every step beside
@@ -221,7 +231,7 @@ class Router:
                 b.slots,
                 b.name == holder,
                 b.recent_load,
-                self._busy_depth(b.name, b.slots, per_request, calm=b.in_flight == 0),
+                self._busy_depth(b.name, b.slots, per_request, features, calm=b.in_flight == 0),
                 self.calibrated.get(b.name),
                 self._alone_points(b.name, per_request.depths),
                 collapsed=guarded and self._guard(b.name).collapsed,
@@ -253,7 +263,8 @@ class Router:
         decay = self._load_decay
         backend.recent_load = backend.recent_load * decay + (backend.in_flight + 1) * (1 - decay)
         recent = self._recent_context.get(backend.name, RecentContext())
-        self._recent_context[backend.name] = recent.admit(features.est_prompt_tokens, decay)
+        admitted = recent.admit(features.est_prompt_tokens, decay, features.kind)
+        self._recent_context[backend.name] = admitted
 
         route = self._placed(
             model, backend, features, decision.profile, decision.reason, decision.detail
@@ -275,10 +286,16 @@ class Router:
                     out.setdefault(cell.kind, {})[profile] = (cell.context, cell.tok_s)
         return out
 
-    def _busy_context(self, backend: str) -> float:
-        """The context a busy process's requests decode at (``RecentContext``)."""
+    def _busy_context(
+        self, backend: str, features: RequestFeatures
+    ) -> tuple[float, dict[str, float] | None]:
+        """The context a busy process's requests decode at, and their content (kind -> share
+        of their tokens): ``RecentContext``, with the request being admitted counted (the
+        process's first busy epoch is chosen with one admission before it: without it, the
+        prior alone decided)."""
         recent = self._recent_context.get(backend, RecentContext())
-        return recent.tokens(float(self.settings.long_context_tokens))
+        recent = recent.admit(features.est_prompt_tokens, self._load_decay, features.kind)
+        return recent.tokens(float(self.settings.long_context_tokens)), recent.kinds()
 
     def client_depth(self, model: str, route: Route, depth: int | None) -> Route:
         """The route of a request that set its own depth (``"speculative.n_max"``) on a process
@@ -304,7 +321,13 @@ class Router:
         return replace(route, profile=profile, reason="client", detail=detail, depth=ran_at)
 
     def _busy_depth(
-        self, backend: str, slots: int, per_request: PerRequestModel, *, calm: bool
+        self,
+        backend: str,
+        slots: int,
+        per_request: PerRequestModel,
+        features: RequestFeatures,
+        *,
+        calm: bool,
     ) -> str | None:
         """The depth of the backend's current busy epoch; the next epoch's once it ran out.
 
@@ -321,8 +344,8 @@ class Router:
             settings = self.settings
             calibration = self.calibrated.get(backend)
             top = load_level(slots, settings)
-            context = self._busy_context(backend)
-            role = calibration.cold_role(top, context) if calibration is not None else None
+            context, kinds = self._busy_context(backend, features)
+            role = calibration.cold_role(top, context, kinds) if calibration else None
             cold = settings.role_profile(role or settings.cold_busy_role)
             shallowest = min(depths, key=lambda p: (depths[p], p))
             deepest = max(depths, key=lambda p: (depths[p], p))
@@ -642,8 +665,9 @@ def _priors(
     contexts = bucket_contexts(settings.context_buckets)
 
     def prior(label: str, level: int) -> float | None:
-        bucket = label.split("/", 1)[0]
-        gap = calibration.log_gap(level, contexts.get(bucket, 0.0)) if level > 1 else None
+        bucket, _, kind = label.partition("/")
+        context = contexts.get(bucket, 0.0)
+        gap = calibration.log_gap(level, context, kind or None) if level > 1 else None
         return None if gap is None else (gap if deeper else -gap)
 
     return prior

@@ -67,6 +67,38 @@ async def test_the_measurement_finds_each_presets_truth(preset: str, seed: int) 
     assert {(c.load, c.depth) for c in found.cells} == {(1, 0), (1, 3), (4, 0), (4, 3)}
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_the_measurement_splits_the_busy_gap_by_content_kind(seed: int) -> None:
+    """rtx3090-250w (the published 3090's code/prose split; truth at 4 decoding: depth 3 1.56x
+    depth 0 on code, 0.85x on prose): the burst's code requests show the larger gap, each kind
+    measured at both depths."""
+    sim = start_simulator(
+        [
+            *("--preset", "rtx3090-250w", "--time-scale", "50", "-np", "4", "--seed", str(seed)),
+            *("--spec-type", "draft-mtp", "--spec-draft-n-max", "3"),
+        ]
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            found = await measure(
+                session,
+                sim.url,
+                model=MODEL,
+                ident=identity(["sim"], None, MODEL),
+                deepest=3,
+                slots=4,
+                tokens=128,
+                timeout_s=60,
+            )
+    finally:
+        sim.stop()
+    kinds = sorted((k.kind, k.depth, k.load) for k in found.busy_kinds)
+    assert kinds == sorted([(k, d, 4) for k in ("code", "prose") for d in (0, 3)] * 2)
+    code, prose = found.ratio(4, "code"), found.ratio(4, "prose")
+    assert code is not None and prose is not None
+    assert code > 1.1 * prose, found.findings([4])
+
+
 def one_copy(preset: str, state_file: Path | None = None, **routing: Any) -> dict[str, Any]:
     model = simulator_model(preset=preset, draft_control="per-request", time_scale=50.0)
     settings: dict[str, Any] = {"seed": 1, **routing}
@@ -128,6 +160,9 @@ async def test_the_proxy_calibrates_shows_and_uses_it(preset: str, tmp_path: Pat
         _, backends = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)
         text = render_status(proxy.url, backends["backends"], routing)
         assert "Start-up calibration" in text and f"4: {TRUTH_AT_4[preset]}" in text
+        by_kind = found["levels"]["4"]["by_kind"]  # the burst's code and prose, apart
+        assert set(by_kind) == {"code", "prose"}
+        assert f"code {by_kind['code']:.2f}x, prose {by_kind['prose']:.2f}x" in text
         # The first busy stretch starts where the measurement said for the traffic it serves:
         # chats one at a time (the box's traffic so far: short prompts), then 4 at once. The
         # process's busy context starts as two admissions of long_context_tokens (the router's

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,56 @@ def test_beside_others_the_cold_pick_is_the_depth_measured_clearly_faster() -> N
     assert split.cold_roles(LEVELS) == {2: "off", 4: "off"}
     # within the margin, off: the published default of most builds, and the measurement noise
     assert calibration(1.7, 1.0 + BUSY_MARGIN / 2).cold_roles(LEVELS) == {2: "off", 4: "off"}
+
+
+def split_by_kind(alone: float, code: float, prose: float, *, slots: int = 4) -> Calibration:
+    """``calibration(alone, busy)`` whose busy burst measured code at ``code`` x depth 0 and
+    prose at ``prose`` x (busy: their mean)."""
+    busy = [(kind, r) for kind, r in (("code", code), ("prose", prose))]
+    kinds = tuple(
+        KindCell(kind, depth, 20.0 * (r if depth else 1.0), 100.0, slots)
+        for kind, r in busy
+        for depth in (0, 3)
+    )
+    return replace(calibration(alone, (code + prose) / 2, slots=slots), busy_kinds=kinds)
+
+
+def test_the_busy_gap_is_taken_by_content_kind() -> None:
+    """rtx3090-250w-like: beside others depth 3 decodes code 1.56x depth 0 and prose 0.85x.
+    Carried to an agent's 15k-token prompts the code gap still calls for max; the burst's
+    mean (1.2x) carried there called for off, where depth 3 was the faster."""
+    c = split_by_kind(2.0, 1.56, 0.85)
+    assert c.ratio(4, "code") == pytest.approx(1.56) and c.ratio(4, "prose") == pytest.approx(0.85)
+    assert c.ratio(4) == pytest.approx(1.205)
+    assert c.cold_role(4, 15_000, {"code": 1.0}) == "max"
+    assert c.cold_role(4, 15_000, {"code": 0.9, "prose": 0.1}) == "max"
+    assert c.cold_role(4, 15_000, {"prose": 1.0}) == "off"
+    assert c.cold_role(4, 15_000) == "off"  # the mean
+    mean_gap = c.log_gap(4, 15_000)
+    assert mean_gap is not None
+    assert c.log_gap(4, 15_000, "code") == pytest.approx(mean_gap + math.log(1.56 / 1.205))
+    assert c.findings(LEVELS)["4"]["by_kind"] == {"code": 1.56, "prose": 0.85}
+    # measured before kinds were kept beside others: the mean, whatever the content
+    older = calibration(2.0, 1.205)
+    assert older.cold_role(4, 15_000, {"code": 1.0}) == "off"
+    assert "by_kind" not in older.findings(LEVELS)["4"]
+    again = Calibration.from_json(json.loads(json.dumps(c.to_json())))
+    assert again.busy_kinds == c.busy_kinds and again.cold_role(4, 15_000, {"code": 1.0}) == "max"
+
+
+def test_a_busy_process_serving_agents_takes_the_code_gap() -> None:
+    """The busy context's content is its admissions' (by tokens): agents' code prompts make the
+    first busy stretch max on the rtx3090-250w-like calibration; the burst's mean kept it off."""
+    assert _busy_pick(_router_with(split_by_kind(2.0, 1.56, 0.85)), 12_000, 6) == "max"
+    assert _busy_pick(_router_with(calibration(2.0, 1.205)), 12_000, 6) == "off"
+    # The request being admitted counts: on a process that served nothing yet (a request in
+    # flight from before), an agent's code prompt is what its first busy epoch is chosen for
+    # (without it, nothing but the prior: the burst's mean, off).
+    router = _router_with(split_by_kind(2.0, 1.7, 0.85))
+    backend = router.backends.of_model("m")[0]
+    with router.backends.lease(backend, "max"):
+        busy = router.route("m", feat(12_000, "code"), exclude=())
+    assert busy is not None and (busy.reason, busy.profile) == ("busy", "max")
 
 
 def test_alone_drafting_that_lost_makes_the_alone_rule_off() -> None:
@@ -236,5 +287,5 @@ def test_the_prior_context_fades_as_the_process_serves() -> None:
     recent = RecentContext()
     assert recent.tokens(32768) == 32768
     for _ in range(30):
-        recent = recent.admit(300, 0.5 ** (1 / 8))
+        recent = recent.admit(300, 0.5 ** (1 / 8), "code")
     assert recent.tokens(32768) < 1000
