@@ -170,11 +170,12 @@ class RoutingSettings(BaseModel):
         "a restart measures nothing. off: cold_busy_role and the published prior.",
     )
     calibration_tokens: int = Field(
-        default=128,
+        default=96,
         ge=16,
         le=4096,
-        description="Output tokens of each calibration request. 128 costs 21-22 s of backend "
-        "time on setup B (a 27B on a 3090, 4 slots) and 24-26 s at 250 W.",
+        description="Output tokens of each calibration request (alone, 2 and every slot "
+        "decoding, at depth 0 and the deepest). 96 costs 22-24 s of backend time on setup B (a "
+        "27B on a 3090, 4 slots) and 24-26 s at 250 W.",
     )
     calibration_timeout_s: float = Field(
         default=120.0,

@@ -11,11 +11,12 @@ restart, or a crash and its successor, measure nothing. Clients that arrive mean
 the model's queue, as they do while the model loads.
 
 What it sends (``measure``): greedy completions of ``tokens`` tokens with ``ignore_eos``, at
-depth 0 and at the deepest depth: alone (a code prompt, then a prose prompt) and as a burst that
-fills every slot (code and prose prompts alternately). The same prompts at both depths, so each
-comparison is paired. Each request's decode speed comes from its own timings (predicted_n /
-predicted_ms), as the learned statistics read them. Bounded by ``timeout_s``; anything that goes
-wrong leaves the prior in place (``CalibrationFailed``) and is tried again at the next start.
+depth 0 and at the deepest depth: alone (a code prompt, then a prose prompt), as a burst of two
+(one of each) and as a burst that fills every slot (code and prose prompts alternately). The
+same prompts at both depths, so each comparison is paired. Each request's decode speed comes
+from its own timings (predicted_n / predicted_ms), as the learned statistics read them. Bounded
+by ``timeout_s``; anything that goes wrong leaves the prior in place (``CalibrationFailed``) and
+is tried again at the next start.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ async def measure(
     cells: list[Cell] = []
     kinds: list[KindCell] = []
     backend_s = 0.0
-    loads = sorted({1, slots})
+    loads = sorted({1, min(2, slots), slots})
     try:
         async with asyncio.timeout(timeout_s):
             for load in loads:

@@ -231,7 +231,7 @@ class Router:
                 b.slots,
                 b.name == holder,
                 b.recent_load,
-                self._busy_depth(b.name, b.slots, per_request, features, calm=b.in_flight == 0),
+                self._busy_depth(b, per_request, features, calm=b.in_flight == 0),
                 self.calibrated.get(b.name),
                 self._alone_points(b.name, per_request.depths),
                 collapsed=guarded and self._guard(b.name).collapsed,
@@ -322,8 +322,7 @@ class Router:
 
     def _busy_depth(
         self,
-        backend: str,
-        slots: int,
+        live: LiveBackend,
         per_request: PerRequestModel,
         features: RequestFeatures,
         *,
@@ -332,20 +331,23 @@ class Router:
         """The depth of the backend's current busy epoch; the next epoch's once it ran out.
 
         Cold, the process starts at ``cold_busy_role``, or where its start-up calibration
-        measured the faster depth with every slot decoding (short prompts); when that is not
+        measured the faster depth at the load level it is busy at (its recent load: 2-3
+        decoding or 4+), carried to the context and content it serves; when that is not
         ``cold_busy_role``, the other depth's first epoch comes as soon as the cold one has its
         samples, idle process or not. The calibration's gap carried to each class's context is
         the prior of the classes not yet run at the other depth (routing.busy)."""
         if per_request.mixed:
             return None
+        backend = live.name
         state = self.stats.busy.setdefault(backend, BusyDepths())
         if state.profile is None or state.left <= 0 or calm:
             depths = per_request.depths
             settings = self.settings
             calibration = self.calibrated.get(backend)
-            top = load_level(slots, settings)
+            # The level it is busy at (2-3 decoding or 4+), from its recent load.
+            level = load_level(min(max(live.recent_load, 2.0), live.slots), settings)
             context, kinds = self._busy_context(backend, features)
-            role = calibration.cold_role(top, context, kinds) if calibration else None
+            role = calibration.cold_role(level, context, kinds) if calibration else None
             cold = settings.role_profile(role or settings.cold_busy_role)
             shallowest = min(depths, key=lambda p: (depths[p], p))
             deepest = max(depths, key=lambda p: (depths[p], p))

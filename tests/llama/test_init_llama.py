@@ -2,7 +2,7 @@
 through the build script's cache: check-config accepts the file as written, and the proxy
 serves it (one process, per-request depths) with nothing changed but the port, the state file
 (given as environment variables, as the systemd unit gives the latter) and the calibration's
-length: the tiny model decodes ~2 tok/s beside two busy loops, where 128 tokens at each depth
+length: the tiny model decodes ~2 tok/s beside two busy loops, where 96 tokens at each depth
 outlast the wait for ready."""
 
 from __future__ import annotations

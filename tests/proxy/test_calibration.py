@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.processes import spawn_proxy, start_simulator, wait_listening
+from proxy.config.routing import RoutingSettings
 from proxy.ops.status import render_status
 from proxy.routing.calibrate import identity, measure
 from tests.support.harness import (
@@ -33,6 +34,7 @@ BACKEND = "mtp-demo/one-copy"
 # slots 1.97x one slot, ahead of 4 without MTP: setup-b-batched.
 TRUTH_AT_4 = {"setup-b": "off", "setup-b-batched": "max"}
 SETUP_B_BUDGET_S = 30.0  # issue 30: "under 30 s on a 27B model" (setup-b: a 27B on a 3090)
+TOKENS = RoutingSettings().calibration_tokens  # what a proxy measures with
 
 
 @pytest.mark.parametrize("preset", sorted(TRUTH_AT_4))
@@ -55,7 +57,7 @@ async def test_the_measurement_finds_each_presets_truth(preset: str, seed: int) 
                 ident=identity(["sim"], None, MODEL),
                 deepest=3,
                 slots=4,
-                tokens=128,
+                tokens=TOKENS,
                 timeout_s=60,
             )
     finally:
@@ -64,7 +66,7 @@ async def test_the_measurement_finds_each_presets_truth(preset: str, seed: int) 
     assert found.cold_role(2) == TRUTH_AT_4[preset]
     assert found.cold_role(1) is None  # alone drafting pays on both: the content rules stand
     assert found.backend_s < SETUP_B_BUDGET_S
-    assert {(c.load, c.depth) for c in found.cells} == {(1, 0), (1, 3), (4, 0), (4, 3)}
+    assert {(c.load, c.depth) for c in found.cells} == {(n, d) for n in (1, 2, 4) for d in (0, 3)}
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -87,13 +89,14 @@ async def test_the_measurement_splits_the_busy_gap_by_content_kind(seed: int) ->
                 ident=identity(["sim"], None, MODEL),
                 deepest=3,
                 slots=4,
-                tokens=128,
+                tokens=TOKENS,
                 timeout_s=60,
             )
     finally:
         sim.stop()
     kinds = sorted((k.kind, k.depth, k.load) for k in found.busy_kinds)
-    assert kinds == sorted([(k, d, 4) for k in ("code", "prose") for d in (0, 3)] * 2)
+    at_two = [(k, d, 2) for k in ("code", "prose") for d in (0, 3)]
+    assert kinds == sorted(at_two + [(k, d, 4) for k in ("code", "prose") for d in (0, 3)] * 2)
     code, prose = found.ratio(4, "code"), found.ratio(4, "prose")
     assert code is not None and prose is not None
     assert code > 1.1 * prose, found.findings([4])
@@ -200,7 +203,7 @@ def test_a_restart_measures_nothing_again(tmp_path: Path) -> None:
     with running_proxy(one_copy("setup-b", state), tmp_path / "first") as proxy:
         wait_all_ready(proxy, {MODEL: 1})
         first = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)[1]["calibration"][BACKEND]
-        assert served_requests(proxy) > 1000  # 12 requests of 128 tokens, the probe's 16
+        assert served_requests(proxy) > 1000  # 16 requests of 96 tokens, the probe's 16
     assert first["key"] in state.read_text()  # written at once, not at the next save
     with running_proxy(one_copy("setup-b", state), tmp_path / "second") as proxy:
         wait_all_ready(proxy, {MODEL: 1})

@@ -278,6 +278,23 @@ def test_a_busy_process_carries_the_calibrated_gap_to_the_context_it_serves() ->
     assert _busy_pick(_router_with(calibration(1.7, 1.2)), 300, 0) == "off"
 
 
+def test_the_busy_pick_is_made_at_the_load_the_process_is_busy_at() -> None:
+    """Measured at 2 decoding as well as at 4 (rtx3090-250w-like: depth 3 1.9x depth 0 at 2,
+    1.25x at 4): a process busy at 2-3 decoding starts its busy epoch at max, on the prior's
+    long context too; one busy at 4 or more at off. The slot count's verdict alone sent a
+    process at 2-3 decoding, most of the concurrent trace, to off on agents' prompts."""
+    two = calibration(2.0, 1.25)
+    cells = (*two.cells, Cell(2, 0, 25.0, 2), Cell(2, 3, 25.0 * 1.9, 2, 0.8))
+    measured = replace(two, cells=cells)
+    for recent_load, expected in ((2.5, "max"), (4.0, "off")):
+        router = _router_with(measured)
+        backend = router.backends.of_model("m")[0]
+        with router.backends.lease(backend, "max"):
+            backend.recent_load = recent_load
+            busy = router.route("m", feat(12_000, "code"), exclude=())
+        assert busy is not None and (busy.reason, busy.profile) == ("busy", expected)
+
+
 def test_the_prior_context_fades_as_the_process_serves() -> None:
     """The long prior context is a guess for a process that has served nothing yet: after 30
     short chats the busy context is theirs, and a gap measured at 1.14x (a loaded machine's
