@@ -18,6 +18,7 @@ from bench.processes import spawn_proxy, start_simulator, wait_listening
 from proxy.config.routing import RoutingSettings
 from proxy.ops.status import render_status
 from proxy.routing.calibrate import identity, measure
+from proxy.routing.calibration import Calibration
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,
@@ -37,11 +38,8 @@ SETUP_B_BUDGET_S = 30.0  # issue 30: "under 30 s on a 27B model" (setup-b: a 27B
 TOKENS = RoutingSettings().calibration_tokens  # what a proxy measures with
 
 
-@pytest.mark.parametrize("preset", sorted(TRUTH_AT_4))
-@pytest.mark.parametrize("seed", [1, 2, 3])
-async def test_the_measurement_finds_each_presets_truth(preset: str, seed: int) -> None:
-    """Directly against the simulator, three seeds each (each seed draws other sessions'
-    acceptance and other drafts): the cold rule at 4 slots is the published one."""
+async def measured(preset: str, seed: int) -> Calibration:
+    """The calibration a proxy would make, straight against a 4-slot simulator of ``preset``."""
     sim = start_simulator(
         [
             *("--preset", preset, "--time-scale", "50", "-np", "4", "--seed", str(seed)),
@@ -50,7 +48,7 @@ async def test_the_measurement_finds_each_presets_truth(preset: str, seed: int) 
     )
     try:
         async with aiohttp.ClientSession() as session:
-            found = await measure(
+            return await measure(
                 session,
                 sim.url,
                 model=MODEL,
@@ -62,6 +60,14 @@ async def test_the_measurement_finds_each_presets_truth(preset: str, seed: int) 
             )
     finally:
         sim.stop()
+
+
+@pytest.mark.parametrize("preset", sorted(TRUTH_AT_4))
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_the_measurement_finds_each_presets_truth(preset: str, seed: int) -> None:
+    """Directly against the simulator, three seeds each (each seed draws other sessions'
+    acceptance and other drafts): the cold rule at 4 slots is the published one."""
+    found = await measured(preset, seed)
     assert found.cold_role(4) == TRUTH_AT_4[preset], found.findings([1, 2, 4])
     assert found.cold_role(2) == TRUTH_AT_4[preset]
     assert found.cold_role(1) is None  # alone drafting pays on both: the content rules stand
@@ -74,26 +80,7 @@ async def test_the_measurement_splits_the_busy_gap_by_content_kind(seed: int) ->
     """rtx3090-250w (the published 3090's code/prose split; truth at 4 decoding: depth 3 1.56x
     depth 0 on code, 0.85x on prose): the burst's code requests show the larger gap, each kind
     measured at both depths."""
-    sim = start_simulator(
-        [
-            *("--preset", "rtx3090-250w", "--time-scale", "50", "-np", "4", "--seed", str(seed)),
-            *("--spec-type", "draft-mtp", "--spec-draft-n-max", "3"),
-        ]
-    )
-    try:
-        async with aiohttp.ClientSession() as session:
-            found = await measure(
-                session,
-                sim.url,
-                model=MODEL,
-                ident=identity(["sim"], None, MODEL),
-                deepest=3,
-                slots=4,
-                tokens=TOKENS,
-                timeout_s=60,
-            )
-    finally:
-        sim.stop()
+    found = await measured("rtx3090-250w", seed)
     kinds = sorted((k.kind, k.depth, k.load) for k in found.busy_kinds)
     at_two = [(k, d, 2) for k in ("code", "prose") for d in (0, 3)]
     assert kinds == sorted(at_two + [(k, d, 4) for k in ("code", "prose") for d in (0, 3)] * 2)
