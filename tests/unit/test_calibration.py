@@ -279,12 +279,12 @@ def test_a_busy_process_carries_the_calibrated_gap_to_the_context_it_serves() ->
 
 
 def test_the_busy_pick_is_made_at_the_load_the_process_is_busy_at() -> None:
-    """Measured at 2 decoding as well as at 4 (rtx3090-250w-like: depth 3 1.9x depth 0 at 2,
-    1.25x at 4): a process busy at 2-3 decoding starts its busy epoch at max, on the prior's
-    long context too; one busy at 4 or more at off. The slot count's verdict alone sent a
-    process at 2-3 decoding, most of the concurrent trace, to off on agents' prompts."""
-    two = calibration(2.0, 1.25)
-    cells = (*two.cells, Cell(2, 0, 25.0, 2), Cell(2, 3, 25.0 * 1.9, 2, 0.8))
+    """Measured at 2 decoding as well as at 4 (a build that batches drafts well: depth 3 2.6x
+    depth 0 at 2, 1.4x at 4): a process busy at 2-3 decoding starts its busy epoch at max, on
+    the prior's long context too; one busy at 4 or more at off. The slot count's verdict alone
+    sent a process at 2-3 decoding, most of the concurrent trace, to off on agents' prompts."""
+    two = calibration(2.0, 1.4)
+    cells = (*two.cells, Cell(2, 0, 25.0, 2), Cell(2, 3, 25.0 * 2.6, 2, 0.8))
     measured = replace(two, cells=cells)
     for recent_load, expected in ((2.5, "max"), (4.0, "off")):
         router = _router_with(measured)
@@ -293,6 +293,20 @@ def test_the_busy_pick_is_made_at_the_load_the_process_is_busy_at() -> None:
             backend.recent_load = recent_load
             busy = router.route("m", feat(12_000, "code"), exclude=())
         assert busy is not None and (busy.reason, busy.profile) == ("busy", expected)
+
+
+def test_the_burst_of_two_is_pooled_with_the_slot_counts() -> None:
+    """The burst of two rests on one request of each kind per depth: on setup-b (truth
+    0.92-0.98x at 2) it measured up to 1.07x, across the 5 % margin. Pooled in log with the slot
+    count's (0.96x, twice the requests) by their requests, the verdict at 2 stays off; a clear
+    lead at 2 still carries it."""
+    b = calibration(1.7, 0.96)
+    noisy = replace(b, cells=(*b.cells, Cell(2, 0, 25.0, 2), Cell(2, 3, 25.0 * 1.07, 2, 0.7)))
+    assert noisy.ratio(2) == pytest.approx(math.exp((2 * math.log(1.07) + 4 * math.log(0.96)) / 6))
+    assert noisy.cold_role(2) == "off" and noisy.cold_role(4) == "off"
+    assert noisy.ratio(4) == pytest.approx(0.96)  # the slot count's own
+    batched = replace(b, cells=(*b.cells, Cell(2, 0, 25.0, 2), Cell(2, 3, 25.0 * 1.45, 2, 0.7)))
+    assert batched.cold_role(2) == "max"
 
 
 def test_the_prior_context_fades_as_the_process_serves() -> None:
