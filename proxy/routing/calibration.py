@@ -189,13 +189,11 @@ class Calibration:
         if load is None or load <= 1 or total <= 0:
             return None
         if any(self._kind_ratio(load, kind) is None for kind in kinds):
+            return None  # log_gap would fall back to the burst's mean for that kind
+        gaps = {kind: self.log_gap(level, context, kind) for kind in kinds}
+        if None in gaps.values():
             return None
-        ratios = {kind: self.ratio(level, kind) for kind in kinds}
-        if any(r is None or r <= 0 for r in ratios.values()):
-            return None
-        decline = CONTEXT_DECLINE_PER_KTOK * max(context, 0.0) / 1000.0
-        logs = sum(kinds[k] * math.log(r) for k, r in ratios.items() if r is not None)
-        return logs / total + decline
+        return sum(share * (gaps[kind] or 0.0) for kind, share in kinds.items()) / total
 
     def cold_roles(self, levels: Iterable[int]) -> dict[int, Role]:
         """``cold_role`` of every level it says something about."""
