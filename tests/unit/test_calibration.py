@@ -149,6 +149,8 @@ def test_json_round_trip_and_refusal() -> None:
     for bad in (
         {**c.to_json(), "alone_kinds": [["poetry", 3, 40.0, 100.0]]},
         {**c.to_json(), "alone_kinds": [["code", 3, 0.0, 100.0]]},
+        {**c.to_json(), "busy_kinds": [["code", 3, 40.0, 100.0, 0]]},  # no requests decoding
+        {**c.to_json(), "busy_kinds": [["code", 3, 40.0, 100.0, 4, "extra"]]},
         {**c.to_json(), "cells": []},
         {**c.to_json(), "cells": [[1, 0, -3.0, 2, None]]},
         {**c.to_json(), "cells": [[1, 3, 30.0, 2, 1.5]]},
