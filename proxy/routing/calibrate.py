@@ -172,6 +172,11 @@ async def _burst(
     return Cell(load, depth, tok_s, len(answers), acceptance), backend_ms / 1e3
 
 
+def measured_loads(slots: int) -> list[int]:
+    """Alone, two decoding, and every slot decoding."""
+    return sorted({1, min(2, slots), slots})
+
+
 async def measure(
     session: aiohttp.ClientSession,
     url: str,
@@ -188,7 +193,7 @@ async def measure(
     cells: list[Cell] = []
     kinds: list[KindCell] = []
     backend_s = 0.0
-    loads = sorted({1, min(2, slots), slots})
+    loads = measured_loads(slots)
     try:
         async with asyncio.timeout(timeout_s):
             for load in loads:
@@ -257,9 +262,12 @@ class Calibrator:
         cached = self._stats.calibrations.get(ident.key)
         bound = log.bind(backend=target.name, model=target.model, key=ident.key)
         if cached is not None and cached.slots == target.slots and cached.deepest == deepest:
-            self._calibrated[target.name] = cached
-            bound.info("calibration_cached", levels=cached.findings(settings.concurrency_levels))
-            return cached
+            if cached.covers(measured_loads(target.slots)):
+                self._calibrated[target.name] = cached
+                levels = cached.findings(settings.concurrency_levels)
+                bound.info("calibration_cached", levels=levels)
+                return cached
+            bound.info("calibration_outdated", loads=cached.loads, kinds=bool(cached.busy_kinds))
         bound.info(
             "calibrating", slots=target.slots, deepest=deepest, tokens=settings.calibration_tokens
         )

@@ -119,6 +119,14 @@ class Calibration:
         busy = [load for load in self.loads if load > 1]
         return min(busy, key=lambda load: (abs(load - level), load)) if busy else None
 
+    def covers(self, loads: Iterable[int]) -> bool:
+        """Whether it measured what the proxy now measures: every load, and beside others each
+        request's content kind. One saved by an older proxy (the slot count only, no kinds)
+        still loads, but is measured again at the next start (``proxy.routing.calibrate``)."""
+        wanted = set(loads)
+        kinds_needed = any(load > 1 for load in wanted)
+        return set(self.loads) == wanted and (bool(self.busy_kinds) or not kinds_needed)
+
     def kind_speed(self, load: int, depth: int, kind: str) -> float | None:
         """The mean decode speed of the ``kind`` requests measured at that load and depth."""
         cells = self.alone_kinds if load == 1 else self.busy_kinds

@@ -5,6 +5,7 @@ beside it. (The real llama-server: tests/llama/test_llama_calibration.py.)"""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import urllib.request
 from pathlib import Path
@@ -204,6 +205,28 @@ def test_a_restart_measures_nothing_again(tmp_path: Path) -> None:
     with running_proxy(changed, tmp_path / "third") as proxy:
         wait_all_ready(proxy, {MODEL: 1})
         assert events(proxy, "calibrating")
+
+
+def test_a_calibration_saved_by_an_older_proxy_is_measured_again(tmp_path: Path) -> None:
+    """Before stop 36 the calibration measured alone and the slot count only, without content
+    kinds; the busy pick then falls back to the slot count's mean gap. Such a saved one is not
+    kept for ever (its key, the binary, model and flags, has not changed): measured again."""
+    state = tmp_path / "state.json"
+    with running_proxy(one_copy("setup-b", state), tmp_path / "first") as proxy:
+        wait_all_ready(proxy, {MODEL: 1})
+    saved = json.loads(state.read_text())
+    [old] = saved["calibrations"].values()
+    old["cells"] = [row for row in old["cells"] if row[0] in (1, 4)]
+    del old["busy_kinds"]
+    state.write_text(json.dumps(saved))
+    with running_proxy(one_copy("setup-b", state), tmp_path / "second") as proxy:
+        wait_all_ready(proxy, {MODEL: 1})
+        [outdated] = events(proxy, "calibration_outdated")
+        assert outdated["loads"] == [1, 4] and not outdated["kinds"]
+        assert events(proxy, "calibrating") and not events(proxy, "calibration_cached")
+        found = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)[1]["calibration"][BACKEND]
+        assert sorted({cell["load"] for cell in found["cells"]}) == [1, 2, 4]
+        assert found["busy_kinds"]
 
 
 async def test_a_client_request_waits_for_the_calibration_and_runs_alone(tmp_path: Path) -> None:
