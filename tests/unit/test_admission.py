@@ -117,3 +117,37 @@ async def test_a_newcomer_does_not_take_capacity_promised_to_a_woken_waiter() ->
     admission.notify("m", slots.free)
     await asyncio.wait_for(asyncio.gather(waiter, newcomer), 1.0)
     assert order == [1, 2]
+
+
+def never() -> bool:
+    """A waiter whose slot cannot come from the capacity at hand, e.g. a request waiting for a
+    process that failed it to come back (a new generation), or one pinned to a full profile."""
+    return False
+
+
+async def test_a_waiter_that_cannot_use_a_free_slot_does_not_hold_up_a_newcomer_that_can() -> None:
+    admission = Admission(max_queue=4, timeout_s=5.0)
+    stuck = asyncio.create_task(admission.admit("m", never))
+    await until(lambda: admission.queued("m") == 1)
+    slots = Slots(1)
+    # No request is in flight, so no release will ever wake the newcomer: it must not queue.
+    await asyncio.wait_for(admission.admit("m", slots.has_room), 1.0)
+    assert admission.queued("m") == 1  # the other still waits for its own kind of slot
+    stuck.cancel()
+    await asyncio.gather(stuck, return_exceptions=True)
+
+
+async def test_a_freed_slot_goes_to_the_oldest_waiter_that_can_use_it() -> None:
+    admission = Admission(max_queue=4, timeout_s=5.0)
+    slots = Slots(0)
+    order: list[int] = []
+    stuck = asyncio.create_task(admission.admit("m", never))
+    await until(lambda: admission.queued("m") == 1)
+    waiter = asyncio.create_task(enter(admission, slots, order, 1))
+    await until(lambda: admission.queued("m") == 2)
+    slots.free = 1
+    admission.notify("m", 1)
+    await asyncio.wait_for(waiter, 1.0)
+    assert order == [1] and admission.queued("m") == 1
+    stuck.cancel()
+    await asyncio.gather(stuck, return_exceptions=True)
