@@ -56,6 +56,7 @@ from proxy.serving.model_names import ModelCatalog
 from proxy.state import STATE, ProxyState
 from proxy.ui import routes as ui
 from supervisor.backend import Backend
+from supervisor.connections import backend_connector
 from supervisor.states import BackendState
 from supervisor.supervisor import Supervisor
 
@@ -147,9 +148,9 @@ async def _connection_deadlines(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
-    # One session for every backend: keep-alive connections, no per-host cap (the policy
-    # and the backends' slots bound concurrency, not the connector).
-    connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
+    # One session for every backend: keep-alive connections dropped before llama-server drops
+    # them, no per-host cap (the policy and the backends' slots bound concurrency).
+    connector = backend_connector(enable_cleanup_closed=True)
     # No cookie jar: a cookie one backend set must never ride along on other clients' requests.
     # Accept-Encoding is set per request (identity: the telemetry reads plain bytes); aiohttp
     # would otherwise add "gzip, deflate" to every request.

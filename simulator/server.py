@@ -37,6 +37,7 @@ from simulator.template import (
 from simulator.webcommon import ENGINE, READY_AT, dumps, error_response, json_body, model_name
 
 log = structlog.get_logger("simulator")
+KEEPALIVE_S = 5.0  # llama-server (cpp-httplib) closes a keep-alive connection idle this long
 
 
 _PARSERS: dict[Api, Callable[[dict[str, Any]], Prompt]] = {
@@ -325,9 +326,11 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     # handler_cancellation: a client that disconnects cancels its handler at once, so its slot
     # is released even while the request is only sleeping through prefill or a step.
+    # keepalive_timeout: llama-server closes a connection idle 5 s (Keep-Alive: timeout=5).
     runner = web.AppRunner(
         create_app(config, preset),
         handler_cancellation=True,
+        keepalive_timeout=KEEPALIVE_S,
         access_log=None,
         shutdown_timeout=1.0,
     )

@@ -11,6 +11,7 @@ import structlog
 
 from supervisor.backend import Backend, BeforeReady, InFlight, OnChange
 from supervisor.child import Child
+from supervisor.connections import backend_connector
 from supervisor.settings import SupervisorSettings
 from supervisor.spec import BackendSpec
 from supervisor.states import BackendState
@@ -73,7 +74,7 @@ class Supervisor:
             if self._session is None:
                 # Health checks only: no connection limit to share with the proxy's traffic.
                 self._session = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(limit=0), trust_env=False
+                    connector=backend_connector(), trust_env=False
                 )
             await self._start_children(self._children)
 

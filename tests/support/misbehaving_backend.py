@@ -24,6 +24,11 @@ Modes:
                         arguments of X-Call-Arguments, as llama-server words a function call
                         (a 400 if the request's `tools` has no such function)
 
+`--drop-idle-s S` models llama-server's keep-alive: it closes a connection idle 5 s (its answers
+say `Keep-Alive: timeout=5`), and a client that sends on it just then loses the request. Here a
+request that arrives on a connection idle S s or more is always dropped: the race's outcome, made
+certain.
+
 `POST /apply-template` (the chat-template check's route) behaves as a complete (non-stream)
 generation. Whatever the mode, every other path (`POST /tokenize`, `GET /props`,
 `/v1/embeddings`, anything) answers the method and path (with its query) it was called with (in
@@ -93,6 +98,8 @@ class Recording:
 
 
 RECORDING = web.AppKey("recording", Recording)
+DROP_IDLE_S = web.AppKey("drop_idle_s", float)
+ANSWERED_AT = web.AppKey("answered_at", dict[object, float])  # connection -> its last answer
 _UNRECORDED = frozenset({"/health", "/metrics", "/recorded"})
 
 
@@ -110,6 +117,25 @@ async def _record(
         return await handler(request)
     finally:
         seen.now[request.path] -= 1
+
+
+@web.middleware
+async def _drop_stale(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    limit = request.app[DROP_IDLE_S]
+    if not limit or request.transport is None:
+        return await handler(request)
+    connection = request.transport.get_extra_info("peername")  # the client's address and port
+    answered = request.app[ANSWERED_AT]
+    last = answered.get(connection)
+    if last is not None and time.monotonic() - last >= limit:
+        _drop(request)
+        return web.Response(status=500)  # never sent: the connection is gone
+    try:
+        return await handler(request)
+    finally:
+        answered[connection] = time.monotonic()
 
 
 async def recorded(request: web.Request) -> web.Response:
@@ -403,9 +429,11 @@ async def metrics(_request: web.Request) -> web.Response:
     return web.Response(text="", content_type="text/plain")
 
 
-def make_app(behaviour: Behaviour) -> web.Application:
-    app = web.Application(middlewares=[_record], client_max_size=256 << 20)
+def make_app(behaviour: Behaviour, drop_idle_s: float = 0.0) -> web.Application:
+    app = web.Application(middlewares=[_drop_stale, _record], client_max_size=256 << 20)
     app[BEHAVIOUR] = behaviour
+    app[DROP_IDLE_S] = drop_idle_s
+    app[ANSWERED_AT] = {}
     app[RECORDING] = Recording([], {}, {})
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
@@ -427,9 +455,11 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=5)
     parser.add_argument("--interval", type=float, default=0.01)
     parser.add_argument("--flood-mb", type=int, default=256)
+    parser.add_argument("--drop-idle-s", type=float, default=0.0)
     args = parser.parse_args()
     behaviour = Behaviour(args.mode, args.chunks, args.interval, args.flood_mb)
-    web.run_app(make_app(behaviour), host=args.host, port=args.port, print=None, access_log=None)
+    app = make_app(behaviour, args.drop_idle_s)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
 
 
 @contextmanager
