@@ -87,24 +87,25 @@ class Request:
         return {**asdict(self), "prefilled": self.prefilled}
 
 
-def server_args(setup: Setup) -> list[str]:
+def server_args(setup: Setup, end_bias: int = 7) -> list[str]:
     """One slot (the session's), the real template, thinking closed after a few tokens, and an
-    end-of-turn bias that ends the tiny model's answers after tens of tokens."""
+    end-of-turn bias that ends the tiny model's answers after tens of tokens (100: at once, an
+    answer with no visible text)."""
     return [
-        "-c", str(CONTEXT), "-np", "1", "-t", "1", "--logit-bias", f"{END_OF_TURN}+7",
+        "-c", str(CONTEXT), "-np", "1", "-t", "1", "--logit-bias", f"{END_OF_TURN}+{end_bias}",
         "--jinja", "--chat-template-file", str(setup.template),
         "--reasoning-budget", str(REASONING_BUDGET),
     ]  # fmt: skip
 
 
-def proxy_config(setup: Setup, *, session_prefix: bool) -> dict[str, Any]:
+def proxy_config(setup: Setup, *, session_prefix: bool, end_bias: int = 7) -> dict[str, Any]:
     model = {
         "name": "tiny",
         "backend": "llama-server",
         "draft_control": "per-process",
         "binary": setup.llama_server,
         "model_path": str(setup.model),
-        "args": server_args(setup),
+        "args": server_args(setup, end_bias),
         "profiles": [{"name": "off"}],
     }
     return {
@@ -154,6 +155,19 @@ def logged_requests(proxy: ProxyProcess, since: int) -> list[dict[str, Any]]:
     return [x for x in lines if x.get("event") == "request" and x.get("api") is not None]
 
 
+# The lines of llama-server's log that say which prefix a request reused and why: a failed check
+# reads them instead of guessing.
+_CACHE_WORDS = ("context checkpoint", "full prompt re-processing", "selected slot", "prompt cache")
+
+
+def cache_events(proxy: ProxyProcess, since: int) -> list[str]:
+    """llama-server's log lines about its prefix cache after line `since` (the proxy relays
+    them into its own log)."""
+    lines = proxy.log_lines()[since:]
+    events = [str(x.get("event", "")) for x in lines if x.get("backend")]
+    return [e[e.find("slot") :] for e in events if any(w in e for w in _CACHE_WORDS)]
+
+
 class Session:
     """Claude Code in one directory (one HOME), run turn after turn through one proxy."""
 
@@ -163,6 +177,7 @@ class Session:
         self.work.mkdir(parents=True, exist_ok=True)
         self.requests: list[Request] = []
         self.exits: list[int] = []
+        self.cache_events: list[str] = []  # llama-server's own account of its cache, per step
 
     def turn(self, step: str, prompt: str, *, resume: bool) -> list[Request]:
         """`claude -p PROMPT` (`--continue`: the same session); its requests, as logged."""
@@ -179,6 +194,7 @@ class Session:
             check=False,
         )
         self.exits.append(done.returncode)
+        self.cache_events += [f"{step}: {event}" for event in cache_events(self.proxy, before)]
         new = []
         for line in logged_requests(self.proxy, before):
             previous = self.requests[-1].context_tokens if self.requests else None
@@ -207,6 +223,20 @@ def measure_turns(setup: Setup, workdir: Path) -> dict[str, Any]:
         session.shell("git", "init", "-q")
         session.turn("3 after git init", "what changed?", resume=True)
         session.turn("4 thanks", "thanks", resume=True)
+    return {
+        "exits": session.exits,
+        "requests": [r.row() for r in session.requests],
+        "cache_events": session.cache_events,
+    }
+
+
+def measure_resend(setup: Setup, workdir: Path) -> dict[str, Any]:
+    """One `claude -p` whose answers end at once: Claude Code sends its request again, with its
+    last user message edited ("say hi" becomes "say hi\n" and a reminder to answer visibly)."""
+    config = proxy_config(setup, session_prefix=True, end_bias=100)
+    with running_proxy(config, workdir / "proxy") as proxy:
+        session = Session(setup, proxy, workdir / "home")
+        session.turn("say hi", "say hi", resume=False)
     return {"exits": session.exits, "requests": [r.row() for r in session.requests]}
 
 
