@@ -50,6 +50,7 @@ from proxy.serving.connections import (
     connection_cap,
     track_requests,
 )
+from proxy.serving.expect import expect_handler
 from proxy.serving.forward import Timeouts
 from proxy.serving.middlewares import auth_middleware, error_middleware
 from proxy.serving.model_names import ModelCatalog
@@ -125,13 +126,15 @@ def _load_stats(settings: RoutingSettings, learned_file: LearnedFile | None) -> 
 
 
 def _add_routes(app: web.Application) -> None:
+    expect = expect_handler  # every route answers an Expect header itself, not aiohttp
     for path, api in API_OF_PATH.items():
-        app.router.add_post(path, handlers.generation_handler(api))
-    app.router.add_get("/v1/models", handlers.list_models)
-    app.router.add_get("/models", handlers.list_models)
-    app.router.add_get("/health", handlers.health)
-    app.router.add_get("/v1/health", handlers.health)  # llama-server's alias; the backends' health
-    app.router.add_get("/metrics", handlers.metrics)
+        app.router.add_post(path, handlers.generation_handler(api), expect_handler=expect)
+    app.router.add_get("/v1/models", handlers.list_models, expect_handler=expect)
+    app.router.add_get("/models", handlers.list_models, expect_handler=expect)
+    app.router.add_get("/health", handlers.health, expect_handler=expect)
+    # llama-server's alias; the backends' health
+    app.router.add_get("/v1/health", handlers.health, expect_handler=expect)
+    app.router.add_get("/metrics", handlers.metrics, expect_handler=expect)
     passthrough.add_routes(app)
     admin.add_routes(app)
     ui.add_routes(app)

@@ -16,6 +16,7 @@ from proxy.config.settings import ModelSettings
 from proxy.ops import live
 from proxy.plans.plan import ModelPlan, processes
 from proxy.serving.errors import error_response
+from proxy.serving.expect import expect_handler
 from proxy.serving.middlewares import key_matches, presented_key
 from proxy.state import STATE, ProxyState
 from supervisor.flags import CTX_SIZE, positive_int
@@ -23,13 +24,13 @@ from supervisor.spec import DraftSpec
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_get("/admin/backends", backends)
-    app.router.add_post("/admin/backends/{name:.+}/restart", restart)
-    app.router.add_get("/admin/routing", routing)
-    app.router.add_get("/admin/service", service)
-    app.router.add_get("/admin/depths", depths)
-    app.router.add_get("/admin/requests", requests)
-    app.router.add_get("/admin/chart", chart)
+    app.router.add_get("/admin/backends", backends, expect_handler=expect_handler)
+    app.router.add_post("/admin/backends/{name:.+}/restart", restart, expect_handler=expect_handler)
+    app.router.add_get("/admin/routing", routing, expect_handler=expect_handler)
+    app.router.add_get("/admin/service", service, expect_handler=expect_handler)
+    app.router.add_get("/admin/depths", depths, expect_handler=expect_handler)
+    app.router.add_get("/admin/requests", requests, expect_handler=expect_handler)
+    app.router.add_get("/admin/chart", chart, expect_handler=expect_handler)
 
 
 def _refusal(request: web.Request) -> web.Response | None:

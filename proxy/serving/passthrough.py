@@ -35,6 +35,7 @@ from proxy.serving.admission import QueueRefused
 from proxy.serving.backends import LiveBackend
 from proxy.serving.body import BodyLimits, BodyRefused, read_body
 from proxy.serving.errors import error_response
+from proxy.serving.expect import expect_handler
 from proxy.serving.forward import (
     UpstreamUnavailable,
     open_upstream,
@@ -100,11 +101,11 @@ class _NoSink:
 
 def add_routes(app: web.Application) -> None:
     for path in FORWARDED_POST:
-        app.router.add_post(path, forward)
+        app.router.add_post(path, forward, expect_handler=expect_handler)
     for path in FORWARDED_GET:
-        app.router.add_get(path, forward)
+        app.router.add_get(path, forward, expect_handler=expect_handler)
     for method, path in REFUSED:
-        app.router.add_route(method, path, refuse_state_change)
+        app.router.add_route(method, path, refuse_state_change, expect_handler=expect_handler)
 
 
 def _counted(

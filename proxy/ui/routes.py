@@ -15,6 +15,7 @@ from importlib import resources
 from aiohttp import web
 
 from proxy.ops.live import quiet_read
+from proxy.serving.expect import expect_handler
 from proxy.state import STATE
 
 PREFIX = "/ui"
@@ -48,9 +49,9 @@ def link(host: str, port: int, key: str = "ADMIN_KEY") -> str:
 
 def add_routes(app: web.Application) -> None:
     app[FILES] = {name: _read(name) for name in _TYPES}
-    app.router.add_get(PREFIX, _to_slash)
-    app.router.add_get(PREFIX + "/", _index)
-    app.router.add_get(PREFIX + "/{name}", _file)
+    app.router.add_get(PREFIX, _to_slash, expect_handler=expect_handler)
+    app.router.add_get(PREFIX + "/", _index, expect_handler=expect_handler)
+    app.router.add_get(PREFIX + "/{name}", _file, expect_handler=expect_handler)
 
 
 def _read(name: str) -> bytes:
