@@ -64,6 +64,7 @@ A request, in the order it is served:
 - ``serving.forward``: forwarding to one backend and relaying its answer byte for byte.
 - ``serving.responses_events``: /v1/responses stream events completed to the spec.
 - ``serving.errors``: error bodies in OpenAI's or Anthropic's shape, mid-stream ones too.
+- ``serving.expect``: the Expect header answered on every route, refusals in the API's shape.
 - ``compat.overflow``: llama-server's context overflow -> each API's canonical error.
 - ``routing.telemetry``: timings and usage read from the answer -> Observation.
 - ``routing.spec_counters``: draft acceptance from /metrics for APIs without timings.
