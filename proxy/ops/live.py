@@ -57,6 +57,7 @@ def depths_view(state: ProxyState) -> dict[str, Any]:
                 "busy": epoch.as_json() if epoch else None,
                 "last": as_json(last, depth_of) if last else None,
                 "depth": depth,
+                "now": _shown(depth, backend),
                 "why": why,
             }
         )
@@ -70,7 +71,8 @@ def _now(
     epoch: BusyEpoch | None,
     last: Finished | None,
 ) -> tuple[int | None, str]:
-    """The depth the process runs now (None: idle, or several at once) and why, in words."""
+    """The depth the process runs now (None: idle, processing prompts only, or several depths
+    at once) and why, in words."""
     if not one_process:
         return depths.get(backend.profile), f"pool: this process runs {backend.profile} only"
     decoding = backend.decoding
@@ -84,10 +86,28 @@ def _now(
         if last is not None and last.profile == profile and last.detail:
             return depths.get(profile), f"{count} decoding; last request: {last.detail}"
         return depths.get(profile), f"{count} decoding at {profile}"
+    return None, _not_decoding(backend.in_flight, epoch)
+
+
+def _shown(depth: int | None, backend: LiveBackend) -> str:
+    """The depth now in one word, as the page and `status` show it."""
+    if depth is not None:
+        return str(depth)
+    if backend.decoding:
+        return "mixed"
+    return "prompt" if backend.in_flight else "idle"
+
+
+def _not_decoding(in_flight: int, epoch: BusyEpoch | None) -> str:
+    """Why no depth runs now: requests hold slots but none has decoded a token yet (a stream
+    counts as decoding from its first), or the process is idle."""
+    if in_flight:
+        s = "" if in_flight == 1 else "s"
+        return f"{in_flight} request{s} processing {'its' if in_flight == 1 else 'their'} prompt{s}"
     idle = "idle: the next request's depth is chosen for it"
     if epoch is not None:
         idle += f"; beside others it gets the busy epoch's {epoch.profile} (depth {epoch.depth})"
-    return None, idle
+    return idle
 
 
 def _epoch_words(epoch: BusyEpoch, count: int) -> str:

@@ -162,10 +162,7 @@ def _depths_table(depths: list[dict[str, Any]]) -> str:
 
 
 def _depth_now(row: dict[str, Any]) -> str:
-    depth = row.get("depth")
-    if isinstance(depth, int):
-        return str(depth)
-    return "mixed" if row.get("decoding") else "idle"
+    return str(row.get("now") or "-")
 
 
 def _epoch(busy: object) -> str | None:

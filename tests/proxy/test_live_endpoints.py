@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.processes import start_proxy
+from proxy.ops.status import render_status
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,
@@ -140,7 +141,7 @@ def test_depth_now_is_the_busy_epoch_and_the_last_request(
     last = [s for s in sent if s.routed][-1]
     assert row["last"]["request_id"] == last.request_id
     assert row["last"]["depth"] == DEPTH[last.profile]
-    assert (row["decoding"], row["depth"]) == ([], None)  # idle now
+    assert (row["decoding"], row["depth"], row["now"]) == ([], None, "idle")  # idle now
     assert row["why"].startswith("idle")
 
 
@@ -157,7 +158,36 @@ def test_depth_now_while_a_request_decodes(proxy: ProxyProcess, sent: list[Sent]
         client.close()
     (row,) = answer["backends"]
     assert row["decoding"] == [{"profile": "min", "depth": 2, "requests": 1}]
-    assert row["depth"] == 2 and "1 decoding" in row["why"]
+    assert (row["depth"], row["now"]) == (2, "2") and "1 decoding" in row["why"]
+
+
+def test_depth_now_while_a_request_processes_its_prompt(
+    proxy: ProxyProcess, sent: list[Sent]
+) -> None:
+    """A request that has not yet decoded a token holds a slot: the process is not idle."""
+    long = "the build step copies the cache entry and checks its hash. " * 2500  # ~30k tokens
+    body = {**body_for("chat", stream=True, max_tokens=4000), "ignore_eos": True, "messages": [
+        {"role": "user", "content": long}]}  # fmt: skip
+    client = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=60)
+    try:
+        headers = {**CLIENT, "X-MTP-Profile": "min", "Content-Type": "application/json"}
+        client.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+        seen = None
+        deadline = time.monotonic() + 30
+        while seen is None and time.monotonic() < deadline:
+            _, answer = get(proxy, "/admin/depths")
+            (row,) = answer["backends"]
+            if row["in_flight"] == 1 and not row["decoding"]:
+                seen = row  # in flight, no token decoded yet: its prompt is being processed
+    finally:
+        client.close()  # cut long before its end, as above: the chart counts answered requests
+    assert seen is not None, "the request was never seen processing its prompt"
+    assert (seen["depth"], seen["now"]) == (None, "prompt")
+    assert seen["why"] == "1 request processing its prompt", seen
+    # `mtp-proxy status` shows it so too, in its "depth now" column.
+    table = render_status(proxy.url, [], {}, [seen]).splitlines()
+    (shown,) = [line for line in table if line.startswith(BACKEND)]
+    assert shown.split()[1] == "prompt", shown
 
 
 def test_busy_depth_metric_is_the_epochs_depth(proxy: ProxyProcess, sent: list[Sent]) -> None:

@@ -240,7 +240,7 @@
           el("small", { text: b.last.detail || "" })));
       }
       const depth = typeof b.depth === "number" ? String(b.depth) : "–";
-      const big = depth !== "–" ? depth : b.decoding.length ? "mixed" : "idle";
+      const big = b.now;  // the depth, or mixed, prompt or idle: the proxy's word for it
       return el("div", { class: "card", data: { backend: b.name, depth } },
         el("div", {},
           el("span", { class: "big", text: big }),
