@@ -145,13 +145,17 @@ def claude_env(home: Path, proxy: ProxyProcess) -> dict[str, str]:
     return env
 
 
-def logged_requests(proxy: ProxyProcess, since: int) -> list[dict[str, Any]]:
-    """The proxy's generation lines after line `since` (scraping /metrics runs the deferred
-    bookkeeping, so every answered request has its line)."""
+def settled_log(proxy: ProxyProcess, since: int) -> list[dict[str, Any]]:
+    """The proxy's log lines after line `since`, once every answered request has its line
+    (scraping /metrics runs the deferred bookkeeping)."""
     with urllib.request.urlopen(proxy.url + "/metrics", timeout=10) as response:
         response.read()
     time.sleep(0.1)
-    lines = proxy.log_lines()[since:]
+    return proxy.log_lines()[since:]
+
+
+def logged_requests(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The generation requests among the proxy's log lines."""
     return [x for x in lines if x.get("event") == "request" and x.get("api") is not None]
 
 
@@ -160,10 +164,9 @@ def logged_requests(proxy: ProxyProcess, since: int) -> list[dict[str, Any]]:
 _CACHE_WORDS = ("context checkpoint", "full prompt re-processing", "selected slot", "prompt cache")
 
 
-def cache_events(proxy: ProxyProcess, since: int) -> list[str]:
-    """llama-server's log lines about its prefix cache after line `since` (the proxy relays
-    them into its own log)."""
-    lines = proxy.log_lines()[since:]
+def cache_events(lines: list[dict[str, Any]]) -> list[str]:
+    """llama-server's lines about its prefix cache among the proxy's log lines (the proxy
+    relays them into its own log)."""
     events = [str(x.get("event", "")) for x in lines if x.get("backend")]
     return [e[e.find("slot") :] for e in events if any(w in e for w in _CACHE_WORDS)]
 
@@ -194,9 +197,10 @@ class Session:
             check=False,
         )
         self.exits.append(done.returncode)
-        self.cache_events += [f"{step}: {event}" for event in cache_events(self.proxy, before)]
+        lines = settled_log(self.proxy, before)
+        self.cache_events += [f"{step}: {event}" for event in cache_events(lines)]
         new = []
-        for line in logged_requests(self.proxy, before):
+        for line in logged_requests(lines):
             previous = self.requests[-1].context_tokens if self.requests else None
             request = Request(
                 step=step,

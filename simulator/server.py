@@ -326,7 +326,6 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     # handler_cancellation: a client that disconnects cancels its handler at once, so its slot
     # is released even while the request is only sleeping through prefill or a step.
-    # keepalive_timeout: llama-server closes a connection idle 5 s (Keep-Alive: timeout=5).
     runner = web.AppRunner(
         create_app(config, preset),
         handler_cancellation=True,
