@@ -143,6 +143,8 @@ class Engine:
         self.acceptance_scale = dict(config.acceptance_scale)
         """--acceptance-scale, changed at run time by POST /sim/acceptance-scale (a fault: a
         drafter whose acceptance collapses, and comes back)."""
+        self.drop_next = 0
+        """Generation requests still to drop before answering (POST /sim/drop, a fault)."""
         refuse = config.refuse_late_system
         self.refuses_late_system = (
             preset.chat_template.refuse_late_system if refuse is None else refuse

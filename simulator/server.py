@@ -273,8 +273,53 @@ async def sim_acceptance_scale(request: web.Request) -> web.Response:
     return web.json_response({"acceptance_scale": engine.acceptance_scale})
 
 
+async def sim_drop(request: web.Request) -> web.Response:
+    """A fault mode: the next ``requests`` generation requests are read, then their connection
+    is dropped before any answer (``{"requests": 1}``), while /health answers as ever: a request
+    lost on a keep-alive connection the server closed as it was sent, on a process that is
+    healthy. Answer: how many are still to drop."""
+    engine = request.app[ENGINE]
+    body = await json_body(request)
+    count = body.get("requests")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise BadRequest("'requests' must be a non-negative integer")
+    engine.drop_next = count
+    log.info("sim: dropping the next requests", requests=count)
+    return web.json_response({"requests": engine.drop_next})
+
+
+@web.middleware
+async def _drop(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """POST /sim/drop's fault: a generation request's connection closed before any answer."""
+    engine = request.app[ENGINE]
+    if engine.drop_next <= 0 or request.path not in _GENERATION_PATHS:
+        return await handler(request)
+    engine.drop_next -= 1
+    await request.read()
+    if request.transport is not None:
+        request.transport.abort()
+    return web.Response(status=500)  # never sent: the connection is gone
+
+
+_GENERATION_PATHS = frozenset(
+    {
+        "/v1/chat/completions",
+        "/chat/completions",
+        "/v1/completions",
+        "/completions",
+        "/completion",
+        "/infill",
+        "/v1/responses",
+        "/responses",
+        "/v1/messages",
+    }
+)
+
+
 def create_app(config: SimConfig, preset: Preset) -> web.Application:
-    app = web.Application(middlewares=[_guard], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[_guard, _drop], client_max_size=64 * 1024 * 1024)
     app[ENGINE] = Engine(config, preset)
     app[READY_AT] = 0.0
 
@@ -312,6 +357,7 @@ def create_app(config: SimConfig, preset: Preset) -> web.Application:
         r.add_post(path, _counter(api))
     r.add_post("/sim/predict", sim_predict)
     r.add_post("/sim/acceptance-scale", sim_acceptance_scale)
+    r.add_post("/sim/drop", sim_drop)
     return app
 
 
