@@ -376,7 +376,8 @@ class ServerSettings(BaseModel):
         default=2,
         ge=0,
         le=10,
-        description="Other backends tried when one fails before answering.",
+        description="Attempts after the first when a backend fails before answering. They go "
+        "to another backend, or to a model's one process once it still serves after the failure.",
     )
     max_queue: int = Field(
         default=256,

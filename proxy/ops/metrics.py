@@ -111,7 +111,8 @@ class ProxyMetrics:
         )
         self.retries = Counter(
             p + "upstream_retries",
-            "Requests re-sent to another backend before their first byte reached the client.",
+            "Requests sent again before their first byte reached the client: to another backend, "
+            "or to a model's one process once it still serves after the failure.",
             ["model"],
             registry=registry,
         )

@@ -74,6 +74,8 @@ class Exchange:
         self.single_depth_events = 0  # ... and the stream events (tokens) it got then
         self.others_at_end: int | None = None  # requests on its backend when it ended
         self.failed: dict[str, int] = {}  # backend -> generation that failed before answering
+        self._rechecks: dict[str, asyncio.TimerHandle] = {}  # ... to be tried again at its end
+        self._rechecked: set[str] = set()  # ... that may be tried again: still serving then
 
     @functools.cached_property
     def log(self) -> FilteringBoundLogger:
@@ -88,6 +90,9 @@ class Exchange:
         except (asyncio.CancelledError, ConnectionError):
             self._abandoned()
             raise
+        finally:
+            for handle in self._rechecks.values():
+                handle.cancel()
 
     async def _run(self) -> web.StreamResponse:
         tried: set[str] = set()
@@ -112,11 +117,14 @@ class Exchange:
                 try:
                     return await self._attempt(route)
                 except UpstreamUnavailable as exc:
-                    self.failed[route.backend.name] = route.backend.generation
+                    self._failed_on(route.backend.name, route.backend.generation)
                     tried = self._excluded()
                     self.state.metrics.retries.labels(self.model).inc()
                     self.log.warning(
-                        "upstream_unavailable", backend=route.backend.name, error=str(exc)
+                        "upstream_unavailable",
+                        backend=route.backend.name,
+                        error=str(exc),
+                        recheck_s=self._recheck_s(),
                     )
             finally:
                 self.state.admission.notify(self.model, self.state.backends.free_slots(self.model))
@@ -127,13 +135,47 @@ class Exchange:
 
     def _excluded(self) -> set[str]:
         """Backends that failed this request, as long as the same process runs there: one
-        that restarted since (a new generation) may be tried again."""
+        that restarted since (a new generation) may be tried again, and so may a model's own
+        process that still serves ``_recheck_s`` after the failure."""
         backends = self.state.backends
         return {
             name
             for name, generation in self.failed.items()
-            if (backend := backends.get(name)) is None or backend.generation == generation
+            if (backend := backends.get(name)) is None
+            or (backend.generation == generation and name not in self._rechecked)
         }
+
+    def _recheck_s(self) -> float | None:
+        """How long a model served by one process (per replica) waits before it tries a process
+        that failed this request before answering and still serves: by then the supervisor
+        would have taken it out of service had it stopped answering /health (a hung process:
+        ``unhealthy_after_s``, plus the check that finds it). A process still serving then
+        failed this request alone (a connection lost on the way); waiting for a restart that
+        never comes held it to the queue timeout, refused as if there were no capacity. None:
+        a model of several profiles tries the others, and fails when none is left."""
+        if self.model not in self.state.router.per_request:
+            return None
+        checks = self.state.settings.supervisor
+        return checks.unhealthy_after_s + checks.health_interval_s + checks.health_timeout_s
+
+    def _failed_on(self, backend: str, generation: int) -> None:
+        self.failed[backend] = generation
+        self._rechecked.discard(backend)
+        if (earlier := self._rechecks.pop(backend, None)) is not None:
+            earlier.cancel()  # an earlier process's failure: this one gets its own time
+        recheck = self._recheck_s()
+        if recheck is not None:
+            loop = asyncio.get_running_loop()
+            self._rechecks[backend] = loop.call_later(recheck, self._recheck, backend)
+
+    def _recheck(self, backend: str) -> None:
+        """The process that failed this request still serves, or is out of service by now:
+        it may be tried again (``has_room`` tells which), and the queue is woken for it, since
+        nothing else may wake it meanwhile (an idle process)."""
+        self._rechecks.pop(backend, None)
+        self._rechecked.add(backend)
+        state = self.state
+        state.admission.notify(self.model, state.backends.free_slots(self.model))
 
     def _may_wait(self, tried: set[str]) -> bool:
         """A model served by one process (per replica) waits in its queue while the process
