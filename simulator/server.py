@@ -29,10 +29,11 @@ from simulator.prompts import (
 )
 from simulator.template import (
     TemplateRefused,
-    chat_roles,
-    check_late_system,
-    messages_roles,
-    responses_roles,
+    Turn,
+    chat_turns,
+    check_template,
+    messages_turns,
+    responses_turns,
 )
 from simulator.webcommon import ENGINE, READY_AT, dumps, error_response, json_body, model_name
 
@@ -47,12 +48,12 @@ _PARSERS: dict[Api, Callable[[dict[str, Any]], Prompt]] = {
     Api.MESSAGES: messages_prompt,
     Api.NATIVE: completion_prompt,
 }
-# The roles each API's body hands to the chat template (simulator/template.py); /v1/completions
-# and /completion take a raw prompt: no template.
-_ROLES: dict[Api, Callable[[dict[str, Any]], list[str]]] = {
-    Api.CHAT: chat_roles,
-    Api.RESPONSES: responses_roles,
-    Api.MESSAGES: messages_roles,
+# The turns each API's body hands to the chat template (simulator/template.py), and the key that
+# holds them; /v1/completions and /completion take a raw prompt: no template.
+_TURNS: dict[Api, tuple[str, Callable[[dict[str, Any]], list[Turn]]]] = {
+    Api.CHAT: ("messages", chat_turns),
+    Api.RESPONSES: ("input", responses_turns),
+    Api.MESSAGES: ("messages", messages_turns),
 }
 _MAX_TOKENS_KEYS: dict[Api, tuple[str, ...]] = {
     Api.CHAT: ("n_predict", "max_completion_tokens", "max_tokens"),
@@ -103,11 +104,14 @@ def _prompt(
 ) -> Prompt:
     """The body's prompt: converted (a 400 if it cannot be; ``parse`` instead of the API's own
     parser, as /infill's), then templated (a 500 where the template refuses, as llama-server's
-    Jinja errors)."""
+    Jinja errors). llama-server's converters pass an empty list of messages on to the template,
+    which refuses it: that 500 comes where the simulator's converter would say 400."""
+    templated = _TURNS.get(api) if engine.refuses_late_system else None
+    if templated is not None and body.get(templated[0]) == []:
+        check_template(templated[1](body))  # no messages, or a system prompt alone
     prompt = (parse or _PARSERS[api])(body)
-    roles = _ROLES.get(api)
-    if engine.refuses_late_system and roles is not None:
-        check_late_system(roles(body))
+    if templated is not None:
+        check_template(templated[1](body))
     return prompt
 
 

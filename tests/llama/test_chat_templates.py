@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from simulator.template import LATE_SYSTEM_ERROR, NO_MESSAGES_ERROR, NO_USER_QUERY_ERROR
+from tests.support import template_refusals
 from tests.support.chat_templates import (
     DEEPSEEK_V31,
     GEMMA4,
@@ -78,3 +80,25 @@ def test_llama_server_serves_with_the_named_template(tmp_path: Path) -> None:
     # The tiny model's own template is plain ChatML; Qwen3.5's opens a thinking block.
     assert status == 200 and first["prompt"].endswith("<|im_start|>assistant\n<think>\n")
     assert refused == 500 and "System message must be at the beginning." in str(body)
+
+
+def test_the_template_refuses_what_the_simulator_refuses(tmp_path: Path) -> None:
+    """The simulator's Qwen refusals (simulator/template.py) are the real template's: the same
+    bodies refused with the same words on every route, the same ones taken, and the messages
+    the simulator answers byte for byte."""
+    model = make_models(tmp_path / "models")[LLAMA]
+    args = template_args(QWEN35)
+    with running_llama_server(model, *args, log_dir=tmp_path / "logs") as server:
+        refused = [
+            (path, words, *server.post_json(path, body))
+            for path, body, words in template_refusals.REFUSED
+        ]
+        taken = [server.post_json(path, body)[0] for path, body in template_refusals.TAKEN]
+        late = server.post_json("/apply-template", {"messages": LATE_SYSTEM})[1]
+    for path, words, status, answer in refused:
+        assert status == 500, (path, answer)
+        assert answer["error"]["message"].endswith(f"Error: Jinja Exception: {words}"), path
+    assert taken == [200] * len(template_refusals.TAKEN)
+    messages = {answer["error"]["message"] for _, _, _, answer in refused}
+    assert messages == {NO_USER_QUERY_ERROR, NO_MESSAGES_ERROR}
+    assert late["error"]["message"] == LATE_SYSTEM_ERROR

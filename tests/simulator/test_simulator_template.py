@@ -1,6 +1,7 @@
-"""The simulator refuses a late system message as llama-server with the Qwen3.5/3.6 template does
-(simulator/template.py): on in the presets that model a Qwen3.6, off in fast, and a flag either
-way. The 500's body is the pinned llama-server's, byte for byte in its message."""
+"""The simulator refuses what llama-server with the Qwen3.5/3.6 template refuses
+(simulator/template.py): a late system message, no user query, no messages. On in the presets
+that model a Qwen3.6, off in fast, and a flag either way. The 500's body is the pinned
+llama-server's, byte for byte in its message."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import aiohttp
 import pytest
 
 from simulator.template import LATE_SYSTEM_ERROR
+from tests.support import template_refusals
 from tests.support.simulator_process import Sim, post, simulator
 
 USER = {"role": "user", "content": "hi"}
@@ -62,6 +64,23 @@ async def test_a_qwen_preset_answers_a_late_system_message_500(
 
 @pytest.mark.parametrize(("path", "body"), TAKEN)
 async def test_a_qwen_preset_takes_a_leading_system_message(
+    http: aiohttp.ClientSession, qwen: Sim, path: str, body: dict[str, Any]
+) -> None:
+    status, answer = await post(http, qwen.url + path, body)
+    assert status == 200, answer
+
+
+@pytest.mark.parametrize(("path", "body", "words"), template_refusals.REFUSED)
+async def test_a_qwen_preset_refuses_what_the_template_refuses(
+    http: aiohttp.ClientSession, qwen: Sim, path: str, body: dict[str, Any], words: str
+) -> None:
+    status, answer = await post(http, qwen.url + path, body)
+    assert status == 500, answer
+    assert answer["error"]["message"].endswith(f"Error: Jinja Exception: {words}")
+
+
+@pytest.mark.parametrize(("path", "body"), template_refusals.TAKEN)
+async def test_a_qwen_preset_takes_what_the_template_takes(
     http: aiohttp.ClientSession, qwen: Sim, path: str, body: dict[str, Any]
 ) -> None:
     status, answer = await post(http, qwen.url + path, body)

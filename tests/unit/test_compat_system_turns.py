@@ -22,15 +22,15 @@ from proxy.compat.system_turns import mend_system_turns, needs_rewrite, reminder
 from simulator.prompts import chat_prompt, messages_prompt, responses_prompt
 from simulator.template import (
     TemplateRefused,
-    chat_roles,
-    check_late_system,
-    messages_roles,
-    responses_roles,
+    chat_turns,
+    check_template,
+    messages_turns,
+    responses_turns,
 )
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "compat"
 CLAUDE_TURNS = [f"claude-code-turn{n}.json" for n in range(1, 6)]
-ROLES = {"chat": chat_roles, "messages": messages_roles, "responses": responses_roles}
+TURNS = {"chat": chat_turns, "messages": messages_turns, "responses": responses_turns}
 SYSTEM = {"role": "system", "content": "S"}
 USER = {"role": "user", "content": "u"}
 PROMPTS = {"chat": chat_prompt, "messages": messages_prompt, "responses": responses_prompt}
@@ -43,7 +43,7 @@ def fixture(name: str) -> dict[str, Any]:
 
 def refused(api: Api, body: dict[str, Any]) -> bool:
     try:
-        check_late_system(ROLES[api](body))
+        check_template(TURNS[api](body))
     except TemplateRefused:
         return True
     return False
