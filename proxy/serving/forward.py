@@ -27,6 +27,8 @@ import yarl
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.compat.template_refusal import STATUS as TEMPLATE_REFUSAL_STATUS
+from proxy.compat.template_refusal import template_refusal
 from proxy.serving.connections import ANSWER_COMPLETE, CONNECTIONS
 from proxy.serving.errors import stream_error_event
 
@@ -203,9 +205,11 @@ async def relay_body(
         raise UpstreamUnavailable(f"body lost: {type(exc).__name__}: {exc}") from exc
     out_headers = client_headers(response.headers, headers)
     if not chunk:  # the whole answer is here
-        body = kept.result()
-        whole = web.Response(status=response.status, body=body, headers=out_headers)
-        return whole, Relayed(status=response.status, streamed=False, body=body)
+        body, status = kept.result(), response.status
+        if (refusal := template_refusal(status, body)) is not None:
+            body, status = refusal, TEMPLATE_REFUSAL_STATUS  # the client's error, not a fault
+        whole = web.Response(status=status, body=body, headers=out_headers)
+        return whole, Relayed(status=status, streamed=False, body=body)
     out = web.StreamResponse(status=response.status, headers=out_headers)
     if response.content_length is not None:
         out.content_length = response.content_length  # the client sees a plain body, as sent

@@ -22,7 +22,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.compat.output_format import MESSAGE as OUTPUT_FORMAT_MESSAGE
 from proxy.compat.overflow import RESPONSES_MESSAGE
-from simulator.template import LATE_SYSTEM_ERROR
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,
@@ -43,6 +42,8 @@ OFF = {
     "context_overflow_errors": False,
     "session_prefix": False,
 }
+REFUSED = "the model's chat template refused these messages: "
+LATE_SYSTEM = "System message must be at the beginning."
 LATE_CHAT = {
     "messages": [
         {"role": "user", "content": "hi"},
@@ -178,11 +179,12 @@ def test_a_claude_code_session_is_served_on_the_refusing_template(
         assert status == 200, (name, answer[:300])
 
 
-def test_the_refusing_template_sees_500s_without_the_mend(unmended: ProxyProcess) -> None:
+def test_the_refusing_template_refuses_without_the_mend(unmended: ProxyProcess) -> None:
     status, answer = post(unmended, "/v1/messages", fixture(CLAUDE_TURNS[0], "qwen", max_tokens=8))
-    assert status == 500
-    # llama-server's own words, in the Anthropic shape the proxy gives every error there
-    assert json.loads(answer)["error"]["message"] == LATE_SYSTEM_ERROR
+    # llama-server's 500 is the client's error (proxy/compat/template_refusal): a 400 with the
+    # template's words, in the Anthropic shape the proxy gives every error there
+    assert status == 400
+    assert json.loads(answer)["error"]["message"] == REFUSED + LATE_SYSTEM
 
 
 def test_the_log_line_names_the_mends(proxy: ProxyProcess) -> None:
@@ -212,7 +214,7 @@ def test_agents_requests_are_served(
     status, answer = post(proxy, path, body)
     assert status == 200, answer[:300]
     refused, _ = post(unmended, path, body)
-    assert refused in (400, 500)  # llama-server's "Cannot determine type" or the template's 500
+    assert refused == 400  # llama-server's "Cannot determine type", or the template's refusal
 
 
 def test_a_template_that_takes_them_gets_the_clients_bytes(proxy: ProxyProcess) -> None:
@@ -246,7 +248,7 @@ def test_a_body_that_cannot_be_mended_goes_as_it_came_and_the_log_says_why(
         "messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": [image]}],
     }
     status, answer = post(proxy, "/v1/chat/completions", body)
-    assert status == 500 and json.loads(answer)["error"]["message"] == LATE_SYSTEM_ERROR
+    assert status == 400 and json.loads(answer)["error"]["message"] == REFUSED + LATE_SYSTEM
     why = logged(proxy, "request_not_mended")
     assert why and "image_url" in why[-1]["reason"] and why[-1]["backend"] == "qwen/one-copy"
 
@@ -257,7 +259,7 @@ def test_token_counting_is_mended_like_generation(
     body = fixture(CLAUDE_TURNS[3], "qwen")
     status, counted = post(proxy, "/v1/messages/count_tokens", body)
     assert status == 200 and json.loads(counted)["input_tokens"] > 1000
-    assert post(unmended, "/v1/messages/count_tokens", body)[0] == 500
+    assert post(unmended, "/v1/messages/count_tokens", body)[0] == 400
 
 
 # --- Claude Code's billing header -----------------------------------------------------------------
