@@ -212,9 +212,9 @@ class RoutingSettings(BaseModel):
         default=8.0,
         gt=0.0,
         description="Half-life, in admissions, of a process's recent concurrency. That is the "
-        "decayed mean of the requests decoding at each admission: the depth of the first request "
-        "of a burst is chosen for the load the burst is likely to reach, since later ones join "
-        "it.",
+        "decayed mean of the requests in flight at each admission (decoding or processing their "
+        "prompts): the depth of the first request of a burst is chosen for the load the burst is "
+        "likely to reach, since later ones join it.",
     )
 
     # --- prefix-cache affinity ---------------------------------------------------------------
