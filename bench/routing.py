@@ -122,7 +122,7 @@ from bench.routing_reference import (
     choice_estimates,
     hindsight,
 )
-from bench.routing_replay import Pinner, Replayer
+from bench.routing_replay import Outcome, Pinner, Replayer
 from bench.routing_report import PolicyRun, mean_report, mean_table, plot, ratios, table
 from bench.routing_topology import (
     ADMIN_KEY,
@@ -387,9 +387,7 @@ def relearn_report(
         seq = sorted((o for o in run.outcomes if o.index in shifted), key=lambda o: o.sent)
         on_max = [(o.profile != "off") if one_copy else (o.profile == "max") for o in seq]
         windows = [sum(on_max[i : i + 10]) for i in range(0, len(on_max), 10)]
-        # re-learned: the first code request that learned statistics sent elsewhere
-        learned = [i for i, o in enumerate(seq) if o.reason == "learned" and o.profile != "max"]
-        first = learned[0] + 1 if learned else None
+        first = _relearned_after(seq, one_copy)
         after = on_max[first:] if first is not None else []
         waited = sum(o.latency for o in seq) * run.time_scale
         out[name] = {
@@ -401,6 +399,24 @@ def relearn_report(
         if one_copy:
             out[name]["detected_after"] = _detected_after(run, shifted)
     return out
+
+
+def _relearned_after(seq: list[Outcome], one_copy: bool) -> int | None:
+    """The n-th changed code request (1-based) that learned statistics were the first to send
+    away from the collapsed profile. One copy: to depth 0, by its class's statistics or by its
+    process's busy epoch (chosen from learned busy speeds: every changed request admitted beside
+    another goes so), once an earlier one had drafted (an epoch at depth 0 from the start is
+    no re-learning); depth 2 is still drafting. A pool: off or min by its class's statistics."""
+    drafted = False
+    for n, outcome in enumerate(seq, start=1):
+        if not one_copy:
+            if outcome.reason == "learned" and outcome.profile != "max":
+                return n
+        elif outcome.profile != "off":
+            drafted = True
+        elif drafted and outcome.reason in ("learned", "busy"):
+            return n
+    return None
 
 
 def _detected_after(run: PolicyRun, shifted: set[int]) -> int | None:
@@ -440,8 +456,9 @@ def relearn_table(report: dict[str, Any]) -> str:
             )
     lines.append(
         "(detected: code requests answered when the proxy said the code class changed; "
-        f"relearned: the n-th code request is the first that learned statistics sent away from "
-        f"{profile}; drafting: share of the later ones still sent there, spills included)"
+        f"relearned: the n-th code request is the first that learned statistics (busy epochs "
+        f"included) sent away from {profile}; drafting: share of the later ones still sent there, "
+        "spills included)"
     )
     return "\n".join(lines)
 

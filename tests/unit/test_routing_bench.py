@@ -409,3 +409,30 @@ def test_the_one_copy_relearn_report_says_after_how_many_code_requests() -> None
     assert adaptive["detected_after"] == 2
     assert adaptive["relearned_after"] == 4  # the 4th code request was the first sent to off
     assert adaptive["to_collapsed_after_share"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("routes", "relearned"),
+    [
+        # the process's busy epoch left drafting on the 4th: learned busy speeds sent it away
+        ([("max", "busy")] * 3 + [("off", "busy")], 4),
+        # depth 2 still drafts: not away from min/max
+        ([("max", "busy"), ("min", "learned"), ("max", "busy"), ("off", "learned")], 4),
+        # an epoch at depth 0 before any request drafted is no re-learning
+        ([("off", "busy"), ("max", "busy"), ("off", "busy")], 3),
+        ([("off", "busy"), ("off", "rule")], None),
+    ],
+)
+def test_one_copy_relearning_counts_the_busy_epochs(
+    routes: list[tuple[str, str]], relearned: int | None
+) -> None:
+    trace = trace_gen.relearn_trace()
+    changed = sorted(trace_gen.changed_requests(trace))
+    run = _run("adaptive", [(i, 1, 100, 1.0) for i in changed[: len(routes)]])
+    run.outcomes = [
+        Outcome(o.index, None, o.path, float(n), o.latency, o.latency, 200, o.output_tokens, 10,
+                None, None, profile, reason, "b", 1)
+        for n, (o, (profile, reason)) in enumerate(zip(run.outcomes, routes, strict=True))
+    ]  # fmt: skip
+    report = relearn_report(trace, {"adaptive": run}, "one-copy")
+    assert report["adaptive"]["relearned_after"] == relearned
