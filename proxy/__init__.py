@@ -47,6 +47,7 @@ A request, in the order it is served:
 - ``compat.input_items``: Responses items without a type, reasoning items without content.
 - ``compat.text_format``: Responses ``text.format`` -> the ``response_format`` that is enforced.
 - ``compat.system_turns``: late system messages for a template that refuses them, kept in place.
+- ``compat.llama_errors``: llama-server's error answers, read (their ``error`` object).
 - ``compat.template_refusal``: a chat template's refusal (a 500) relayed as the 400 it is.
 - ``serving.exchange``: one generation: route, forward (retrying before the first byte), relay.
 - ``routing.router``: the routing brain's state and glue: a backend and depth per request.

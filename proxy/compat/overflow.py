@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from proxy.apis import Api
+from proxy.compat.llama_errors import llama_error
 
 OVERFLOW_TYPE = "exceed_context_size_error"
 _SIZES = re.compile(r"\((\d+) tokens\).*\((\d+) tokens\)")
@@ -34,12 +35,8 @@ def canonical_overflow(api: Api, body: bytes) -> bytes | None:
     not one."""
     if OVERFLOW_TYPE.encode() not in body:  # one byte search for every other error
         return None
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    error = payload.get("error") if isinstance(payload, dict) else None
-    if not isinstance(error, dict) or error.get("type") != OVERFLOW_TYPE:
+    error = llama_error(body)
+    if error is None or error.get("type") != OVERFLOW_TYPE:
         return None
     sizes = _sizes(error)
     if sizes is None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import orjson
 
+from proxy.compat.llama_errors import llama_error
+
 STATUS = 400
 _JINJA = "Jinja Exception: "
 
@@ -23,12 +25,8 @@ def template_refusal(status: int, body: bytes) -> bytes | None:
     answer is not one."""
     if status != 500 or _JINJA.encode() not in body:  # one byte search for every other answer
         return None
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    error = payload.get("error") if isinstance(payload, dict) else None
-    message = error.get("message") if isinstance(error, dict) else None
+    error = llama_error(body)
+    message = error.get("message") if error is not None else None
     if not isinstance(message, str) or _JINJA not in message:
         return None
     words = message.rsplit(_JINJA, 1)[1].strip()
