@@ -38,6 +38,7 @@ from simulator.template import (
 from simulator.webcommon import ENGINE, READY_AT, dumps, error_response, json_body, model_name
 
 log = structlog.get_logger("simulator")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 KEEPALIVE_S = 5.0  # llama-server (cpp-httplib) closes a keep-alive connection idle this long
 
 
@@ -65,9 +66,7 @@ _MAX_TOKENS_KEYS: dict[Api, tuple[str, ...]] = {
 
 
 @web.middleware
-async def _guard(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """503 while "loading the model"; API-shaped errors instead of aiohttp's HTML pages."""
     if asyncio.get_running_loop().time() < request.app[READY_AT]:
         return error_response(503, "Loading model", "unavailable_error")
@@ -292,38 +291,25 @@ async def sim_drop(request: web.Request) -> web.Response:
     return web.json_response({"requests": engine.drop_next})
 
 
-@web.middleware
-async def _drop(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """POST /sim/drop's fault: a generation request's connection closed before any answer."""
-    engine = request.app[ENGINE]
-    if engine.drop_next <= 0 or request.path not in _GENERATION_PATHS:
-        return await handler(request)
-    engine.drop_next -= 1
-    await request.read()
-    if request.transport is not None:
-        request.transport.abort()
-    return web.Response(status=500)  # never sent: the connection is gone
+def _droppable(handler: Handler) -> Handler:
+    """A generation route, under POST /sim/drop's fault: while requests are still to drop, each
+    is read, then its connection closed before any answer."""
 
+    async def generation(request: web.Request) -> web.StreamResponse:
+        engine = request.app[ENGINE]
+        if engine.drop_next <= 0:
+            return await handler(request)
+        engine.drop_next -= 1
+        await request.read()
+        if request.transport is not None:
+            request.transport.abort()
+        return web.Response(status=500)  # never sent: the connection is gone
 
-_GENERATION_PATHS = frozenset(
-    {
-        "/v1/chat/completions",
-        "/chat/completions",
-        "/v1/completions",
-        "/completions",
-        "/completion",
-        "/infill",
-        "/v1/responses",
-        "/responses",
-        "/v1/messages",
-    }
-)
+    return generation
 
 
 def create_app(config: SimConfig, preset: Preset) -> web.Application:
-    app = web.Application(middlewares=[_guard, _drop], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[_guard], client_max_size=64 * 1024 * 1024)
     app[ENGINE] = Engine(config, preset)
     app[READY_AT] = 0.0
 
@@ -342,14 +328,14 @@ def create_app(config: SimConfig, preset: Preset) -> web.Application:
     r.add_post("/tokenize", tokenize)
     r.add_post("/detokenize", detokenize)
     for path in ("/v1/chat/completions", "/chat/completions"):
-        r.add_post(path, chat_completions)
+        r.add_post(path, _droppable(chat_completions))
     for path in ("/v1/completions", "/completions"):
-        r.add_post(path, completions)
-    r.add_post("/completion", native_completion)
-    r.add_post("/infill", infill)
+        r.add_post(path, _droppable(completions))
+    r.add_post("/completion", _droppable(native_completion))
+    r.add_post("/infill", _droppable(infill))
     for path in ("/v1/responses", "/responses"):
-        r.add_post(path, responses)
-    r.add_post("/v1/messages", messages)
+        r.add_post(path, _droppable(responses))
+    r.add_post("/v1/messages", _droppable(messages))
     r.add_post("/apply-template", apply_template)
     for path, api in (
         ("/v1/messages/count_tokens", Api.MESSAGES),

@@ -26,11 +26,11 @@ Turn = tuple[str, str]
 """A message as the template sees it: its role, and its text when it is a user message."""
 
 
-def _jinja_error(line: int, excerpt: str, words: str) -> str:
+def _jinja_error(line: int, column: int, excerpt: str, words: str) -> str:
     """llama-server's message when the template raises (the pinned build), byte for byte."""
     return (
-        f"\n------------\nWhile executing CallExpression at line {line}, column "
-        f"{24 if line != 85 else 32} in source:\n{excerpt}\n"
+        f"\n------------\nWhile executing CallExpression at line {line}, column {column} in "
+        f"source:\n{excerpt}\n"
         "                                           ^\n"
         f"Error: Jinja Exception: {words}"
     )
@@ -39,17 +39,20 @@ def _jinja_error(line: int, excerpt: str, words: str) -> str:
 # llama-server's answers for the Qwen3.5-4B template (the pinned build), byte for byte.
 LATE_SYSTEM_ERROR = _jinja_error(
     85,
+    32,
     "...first %}\u21b5            {{- raise_exception('System message must be at the beginnin...",
     "System message must be at the beginning.",
 )
 NO_USER_QUERY_ERROR = _jinja_error(
     79,
+    24,
     "...lti_step_tool %}\u21b5    {{- raise_exception('No user query found in messages.') }}"
     "\u21b5...",
     "No user query found in messages.",
 )
 NO_MESSAGES_ERROR = _jinja_error(
     43,
+    24,
     "... not messages %}\u21b5    {{- raise_exception('No messages provided.') }}"
     "\u21b5{%- endif %...",
     "No messages provided.",

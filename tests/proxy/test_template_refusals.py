@@ -98,5 +98,7 @@ def test_the_anthropic_sdk_gets_a_bad_request_and_sends_it_once(proxy: ProxyProc
             system="You review code.",
             messages=[{"role": "assistant", "content": "Ready."}],
         )
-    assert raised.value.body["error"]["message"] == PREFIX + template_refusals.NO_USER_QUERY  # type: ignore[index]
+    body = raised.value.body
+    assert isinstance(body, dict)
+    assert body["error"]["message"] == PREFIX + template_refusals.NO_USER_QUERY
     assert requests_logged(proxy, "/v1/messages") - before == 1
