@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -179,7 +180,40 @@ def choice_estimates(static_runs: dict[str, PolicyRun], classes: dict[int, str])
     out: dict[str, Any] = {k: round(v / base, 4) for k, v in estimates.items()}
     out["requests"] = len(common)
     out["short_outputs"] = sum(short(i) for i in common)
+    if "off" in by_index:
+        gaps = {p: class_gap(by_index[p], by_index["off"], common, classes) for p in by_index}
+        out["class_gap_vs_off"] = {p: round(g, 3) for p, g in gaps.items() if p != "off"}
     return out
+
+
+def class_gap(
+    outcomes: dict[int, Outcome],
+    reference: dict[int, Outcome],
+    common: set[int],
+    classes: dict[int, str],
+) -> float:
+    """The log decode-speed gap of ``outcomes`` against ``reference`` as the proxy's busy
+    comparison weighs one (``BusyDepths.gap``): per request class, the difference of its total
+    decode time (the backend's own timings), weighted by that time at the two settings. Here
+    every class is measured at both, on the same requests under the static runs' conditions:
+    whether its sign names the better static row says whether that weighing picks the trace's
+    winner once it has the data (stop 40: rtx3090-250w's default trace +0.11, setup-a's -0.09,
+    each the winner's side)."""
+    # class -> decode ms and tokens at the setting, then at the reference
+    cells: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    for i in common:
+        own, ref = outcomes[i], reference[i]
+        if own.predicted_ms and ref.predicted_ms and own.predicted_n and ref.predicted_n:
+            cell = cells[classes.get(i, "?")]
+            cell[0] += own.predicted_ms
+            cell[1] += own.predicted_n
+            cell[2] += ref.predicted_ms
+            cell[3] += ref.predicted_n
+    weight = sum(c[0] + c[2] for c in cells.values())
+    if weight <= 0:
+        return 0.0
+    gaps = ((c[0] + c[2]) * math.log((c[2] / c[3]) / (c[0] / c[1])) for c in cells.values())
+    return sum(gaps) / weight
 
 
 def _any(by_index: dict[str, dict[int, Outcome]], i: int) -> Outcome:

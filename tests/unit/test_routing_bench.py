@@ -5,6 +5,8 @@ tests/bench/test_routing_bench.py)."""
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -436,3 +438,22 @@ def test_one_copy_relearning_counts_the_busy_epochs(
     ]  # fmt: skip
     report = relearn_report(trace, {"adaptive": run}, "one-copy")
     assert report["adaptive"]["relearned_after"] == relearned
+
+
+def test_the_class_gap_weighs_classes_as_the_busy_comparison_does() -> None:
+    """Two classes: the short chats decode 2x faster at max (4 s at off, 2 s at max), the long
+    prompt 1.5x faster at off (6 s against 9 s). Each class counts by its decode time at both
+    settings, so the long prompt's loss outweighs the chats' gain."""
+    classes = {0: "<4k/prose", 1: "<4k/prose", 2: "64k+/code"}
+
+    def run(policy: str, ms: list[float]) -> PolicyRun:
+        r = _run(policy, [(i, 2, 100, 1.0) for i in range(3)])
+        timed = zip(r.outcomes, ms, strict=True)
+        r.outcomes = [replace(o, predicted_n=100, predicted_ms=t) for o, t in timed]
+        return r
+
+    runs = {"off": run("off", [2000.0, 2000.0, 6000.0]), "max": run("max", [1e3, 1e3, 9e3])}
+    gap = choice_estimates(runs, classes)["class_gap_vs_off"]["max"]
+    chats, agents = (4.0 + 2.0) * math.log(2.0), (6.0 + 9.0) * math.log(6.0 / 9.0)
+    assert gap == pytest.approx((chats + agents) / 21.0, abs=1e-3)
+    assert gap < 0  # by requests (two chats against one agent turn) it would say max
