@@ -69,24 +69,28 @@ async def decode_speed(
     return speed, int(timings["prompt_n"]) + int(timings.get("cache_n") or 0)
 
 
+async def burst(
+    session: aiohttp.ClientSession, url: str, texts: list[str], depth: int, tokens: int
+) -> tuple[float, int]:
+    """The prompts at once at ``depth``: their mean decode speed, and the first one's tokens."""
+    answers = await asyncio.gather(*(decode_speed(session, url, t, depth, tokens) for t in texts))
+    return sum(speed for speed, _ in answers) / len(answers), answers[0][1]
+
+
 async def measure(url: str, loads: list[int], contexts: list[int], tokens: int) -> list[Row]:
+    """One row per (load, context): each kind's burst at depth 0, then at depth 3."""
     rows: list[Row] = []
     async with aiohttp.ClientSession() as session:
         for load in loads:
             for ktok in contexts:
                 ratios: dict[str, float] = {}
-                seen = 0
+                longest = 0
                 for kind, (name, _, _) in enumerate(KINDS):
-                    means: list[float] = []
-                    for depth in (0, 3):
-                        texts = [prompt(kind, ktok, i) for i in range(load)]
-                        answers = await asyncio.gather(
-                            *(decode_speed(session, url, t, depth, tokens) for t in texts)
-                        )
-                        means.append(sum(a[0] for a in answers) / load)
-                        seen = max(seen, answers[0][1])
-                    ratios[name] = means[1] / means[0]
-                rows.append(Row(load, seen, ratios))
+                    texts = [prompt(kind, ktok, i) for i in range(load)]
+                    plain, context = await burst(session, url, texts, 0, tokens)
+                    deep, _ = await burst(session, url, texts, 3, tokens)
+                    ratios[name], longest = deep / plain, max(longest, context)
+                rows.append(Row(load, longest, ratios))
     return rows
 
 
