@@ -5,7 +5,8 @@ While a process is busy, every request admitted beside others gets the depth of 
 at. Each epoch's depth (``next_busy_depth``) is the cold depth or the other one (the deepest, or
 the shallowest when the cold depth is the deepest: the router's choice):
 
-1. cold: ``cold_busy_role`` until the process has ``min_samples`` measured requests there;
+1. cold: ``cold_busy_role`` until the process has ``min_samples`` measured requests there,
+   unless the other depth is already likely faster on what both measured (2.);
 2. then the other depth while it is likely faster: entered above ``ENTER``, left below ``STAY``;
 3. while the comparison is open (a chance between ``DROP`` and ``ENTER`` on fewer than
    ``DECIDED`` x ``min_samples`` requests), an exploring epoch at the other depth
@@ -265,15 +266,19 @@ def next_busy_depth(
     ``confirm``: the cold depth is the calibration's guess from short prompts; the other one
     gets its first epoch as soon as the cold one has its samples, idle or not (a saturated
     process is seldom idle, and a wrong guess would otherwise hold for good)."""
-    if cold == deep or state.samples(cold) < min_samples:
+    if cold == deep:
         return Epoch(cold)
-    if confirm and state.sent[deep] == 0:
-        return Epoch(deep, exploring=True)
     gap = state.gap(deep, cold, priors)
     chance = gap.chance_faster
     staying = state.profile == deep and not state.exploring
     if gap.weight >= min_samples / 2 and chance >= (STAY if staying else ENTER):
+        # Even before the cold depth has its samples: the calibrated cold pick moves with the
+        # context it is carried to, and can turn to a depth this process measured slower.
         return Epoch(deep)
+    if state.samples(cold) < min_samples:
+        return Epoch(cold)
+    if confirm and state.sent[deep] == 0:
+        return Epoch(deep, exploring=True)
     still_open = chance > DROP and gap.weight < DECIDED * min_samples
     if still_open and calm and state.outstanding(deep) <= epoch / 2:
         return Epoch(deep, exploring=True)

@@ -60,6 +60,21 @@ def test_cold_until_the_cold_depth_has_its_samples() -> None:
     assert round(state.samples("off"), 2) == 4.06 and pick(state) == "max"  # known: one epoch
 
 
+def test_a_clear_comparison_outranks_the_cold_depths_sample_count() -> None:
+    """The calibrated cold pick follows the context it is carried to: a process that ran at max
+    and checked off once turns cold at off when its agents' prompts grow. With max clearly
+    faster on what both measured it stays there, rather than running epochs at off until off
+    has its samples (rtx3090-250w's concurrent trace: 8 admissions at 0.6x)."""
+    state = measured({(SHORT, "off"): [20.0, 22.0, 18.0], (SHORT, "max"): [32.0] * 8})
+    assert state.samples("off") < 4 and state.gap("max", "off").chance_faster > 0.8
+    assert pick(state) == "max"
+    state.profile = "max"
+    assert pick(state) == "max"
+    unsure = measured({(SHORT, "off"): [30.0, 33.0, 27.0], (SHORT, "max"): [31.0] * 8})
+    assert 0.5 < unsure.gap("max", "off").chance_faster < 0.8
+    assert pick(unsure) == "off"  # not clear: the cold depth gets its samples first
+
+
 def test_a_longer_run_at_one_depth_weighs_more_in_the_mean_but_is_one_request() -> None:
     state = BusyDepths()
     state.observe(SHORT, LEVEL, "max", 20.0, SECONDS, decay=1.0)
