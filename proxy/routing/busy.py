@@ -5,7 +5,8 @@ While a process is busy, every request admitted beside others gets the depth of 
 at. Each epoch's depth (``next_busy_depth``) is the cold depth or the other one (the deepest, or
 the shallowest when the cold depth is the deepest: the router's choice):
 
-1. cold: ``cold_busy_role`` until the process has ``min_samples`` measured requests there,
+1. cold: ``cold_busy_role`` (or the router's calibrated pick, held once the process compared
+   the two: ``held_cold``) until the process has ``min_samples`` measured requests there,
    unless the other depth is already likely faster on what both measured (2.);
 2. then the other depth while it is likely faster: entered above ``ENTER``, left below ``STAY``;
 3. while the comparison is open (a chance between ``DROP`` and ``ENTER`` on fewer than
@@ -129,6 +130,8 @@ class BusyDepths:
     """... and how many of them have finished (learned from or not)."""
     exploring: bool = False
     """Whether the current epoch explores (``Epoch.exploring``)."""
+    cold: str | None = None
+    """The cold depth the current epoch was chosen against (the router's pick)."""
 
     def observe(
         self,
@@ -238,6 +241,19 @@ class BusyDepths:
         mean = sum(t * diff for t, diff, _, _ in rows) / share
         variance = sum((t / share) ** 2 * sd**2 / max(n, 1.0) for t, _, sd, n in rows)
         return Gap(mean, math.sqrt(variance), evidence)
+
+
+def held_cold(state: BusyDepths, pick: str) -> str:
+    """The cold depth of the next epoch. The router's ``pick`` is the calibration's, carried to
+    the context the process serves, so it moves with that context. Once the process has
+    compared it with the cold depth of its current epoch, that one holds, and only the
+    comparison moves the process, with its hysteresis (rtx3090-250w's concurrent trace: the
+    pick turned to depth 0 at ~19k tokens after depth 0 had measured 0.6x depth 3, and two
+    more epochs ran there while the comparison, at 95-99 %, waited for more evidence)."""
+    held = state.cold
+    if held is None or held == pick or state.gap(pick, held).weight <= 0:
+        return pick
+    return held
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ import structlog
 
 from proxy.apis import Api
 from proxy.config.routing import RoutingSettings, decay_factor
-from proxy.routing.busy import BusyDepths, next_busy_depth
+from proxy.routing.busy import BusyDepths, held_cold, next_busy_depth
 from proxy.routing.calibration import Calibration
 from proxy.routing.classes import RequestClass, bucket_contexts, classify, load_level
 from proxy.routing.collapse import CollapseGuard, suspect
@@ -334,7 +334,8 @@ class Router:
         measured the faster depth at the load level it is busy at (its recent load: 2-3
         decoding or 4+), carried to the context and content it serves; when that is not
         ``cold_busy_role``, the other depth's first epoch comes as soon as the cold one has its
-        samples, idle process or not. The calibration's gap carried to each class's context is
+        samples, idle process or not. Once the process has compared the two depths the cold
+        pick holds (``held_cold``). The calibration's gap carried to each class's context is
         the prior of the classes not yet run at the other depth (routing.busy)."""
         if per_request.mixed:
             return None
@@ -352,6 +353,8 @@ class Router:
             shallowest = min(depths, key=lambda p: (depths[p], p))
             deepest = max(depths, key=lambda p: (depths[p], p))
             first = cold if cold in depths else shallowest
+            if state.cold in depths:
+                first = held_cold(state, first)
             # The other depth measured: the deepest, or the shallowest when the cold pick is
             # the deepest (cold_busy_role = "max" still learns whether plain decoding is faster).
             other = deepest if first != deepest else shallowest
@@ -365,7 +368,7 @@ class Router:
                 priors=_priors(calibration, settings, other == deepest),
                 confirm=role is not None and role != settings.cold_busy_role,
             )
-            state.profile, state.exploring = epoch.profile, epoch.exploring
+            state.profile, state.exploring, state.cold = epoch.profile, epoch.exploring, first
             state.left = self.settings.busy_epoch_admissions
         return state.profile
 

@@ -19,6 +19,7 @@ from proxy.routing.busy import (
     BusyDepths,
     Epoch,
     LogSpeed,
+    held_cold,
     next_busy_depth,
 )
 from proxy.routing.classes import RequestClass
@@ -211,6 +212,17 @@ def test_a_clearly_slower_deepest_depth_is_not_explored_again_on_few_requests() 
     assert epoch(unsure) == Epoch("max", exploring=True)
     unsure.exploring = False  # had it entered, it would stay at 0.5+
     assert epoch(unsure) == Epoch("max")
+
+
+def test_the_cold_pick_holds_once_the_process_compared_the_two_depths() -> None:
+    state = measured({(LONG, "max"): [30.0] * 8})
+    state.cold = "max"
+    assert held_cold(state, "off") == "off"  # off not measured yet: the pick moves
+    state.observe(LONG, LEVEL, "off", 18.0, SECONDS, decay=1.0)
+    assert held_cold(state, "off") == "max"  # compared: the comparison moves it, not the pick
+    assert held_cold(state, "max") == "max"
+    state.cold = None
+    assert held_cold(state, "off") == "off"  # no epoch chosen yet
 
 
 def test_one_depth_only_is_always_that_depth() -> None:

@@ -280,6 +280,27 @@ def test_a_busy_process_carries_the_calibrated_gap_to_the_context_it_serves() ->
     assert _busy_pick(_router_with(calibration(1.7, 1.2)), 300, 0) == "off"
 
 
+def test_the_carried_pick_holds_once_the_process_compared_the_two_depths() -> None:
+    """Started at max on short chats, a process checked off once (one request back, much
+    slower); then agents' long prompts carry the calibrated pick to off. It stays at max: the
+    comparison, not the carry, moves a process that has measured both depths. Moved by the
+    carry, it ran off until off had its own samples (rtx3090-250w's concurrent trace)."""
+    router = _router_with(calibration(1.7, 1.2))
+    state = router.stats.busy.setdefault("m/one-copy", BusyDepths())
+    chat = RequestClass("<4k", "code")
+    for _ in range(8):
+        state.observe(chat, 2, "max", 32.0, 10.0, decay=1.0)
+    state.observe(chat, 2, "off", 18.0, 10.0, decay=1.0)
+    state.profile, state.exploring, state.cold, state.left = "off", True, "max", 0
+    state.sent.update({"max": 8, "off": 8})
+    state.finished.update(state.sent)
+    assert _busy_pick(router, 40_000, 3) == "max"
+    assert state.cold == "max"
+    fresh = _router_with(calibration(1.7, 1.2))
+    assert _busy_pick(fresh, 40_000, 3) == "off"  # nothing compared: the carried pick stands
+    assert fresh.stats.busy["m/one-copy"].cold == "off"  # what a later pick may be held to
+
+
 def test_the_busy_pick_is_made_at_the_load_the_process_is_busy_at() -> None:
     """Measured at 2 decoding as well as at 4 (a build that batches drafts well: depth 3 2.6x
     depth 0 at 2, 1.4x at 4): a process busy at 2-3 decoding starts its busy epoch at max, on
