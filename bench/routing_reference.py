@@ -194,25 +194,29 @@ def class_gap(
 ) -> float:
     """The log decode-speed gap of ``outcomes`` against ``reference`` as the proxy's busy
     comparison weighs one (``BusyDepths.gap``): per request class, the difference of its total
-    decode time (the backend's own timings), weighted by that time at the two settings. Here
-    every class is measured at both, on the same requests under the static runs' conditions:
-    whether its sign names the better static row says whether that weighing picks the trace's
-    winner once it has the data (stop 40: rtx3090-250w's default trace +0.11, setup-a's -0.09,
-    each the winner's side)."""
-    # class -> decode ms and tokens at the setting, then at the reference
-    cells: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    decode speed (the backend's own timings), weighted by its decode time at the two settings.
+    Here every class is measured at both, on the same requests under the static runs'
+    conditions: whether its sign names the better static row says whether that weighing picks
+    the trace's winner once it has the data (stop 40: rtx3090-250w's default trace +0.10,
+    setup-a's -0.07, each the winner's side)."""
+    # class -> (decode ms, tokens) summed at the setting, and at the reference
+    own: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    ref: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for i in common:
-        own, ref = outcomes[i], reference[i]
-        if own.predicted_ms and ref.predicted_ms and own.predicted_n and ref.predicted_n:
-            cell = cells[classes.get(i, "?")]
-            cell[0] += own.predicted_ms
-            cell[1] += own.predicted_n
-            cell[2] += ref.predicted_ms
-            cell[3] += ref.predicted_n
-    weight = sum(c[0] + c[2] for c in cells.values())
+        a, b = outcomes[i], reference[i]
+        if a.predicted_ms and b.predicted_ms and a.predicted_n and b.predicted_n:
+            label = classes.get(i, "?")
+            for totals, outcome in ((own, a), (ref, b)):
+                totals[label][0] += outcome.predicted_ms or 0.0
+                totals[label][1] += outcome.predicted_n or 0
+    weight = sum(own[c][0] + ref[c][0] for c in own)
     if weight <= 0:
         return 0.0
-    gaps = ((c[0] + c[2]) * math.log((c[2] / c[3]) / (c[0] / c[1])) for c in cells.values())
+
+    def speed(totals: list[float]) -> float:
+        return totals[1] / totals[0]
+
+    gaps = ((own[c][0] + ref[c][0]) * math.log(speed(own[c]) / speed(ref[c])) for c in own)
     return sum(gaps) / weight
 
 

@@ -62,10 +62,10 @@ def test_cold_until_the_cold_depth_has_its_samples() -> None:
 
 
 def test_a_clear_comparison_outranks_the_cold_depths_sample_count() -> None:
-    """The calibrated cold pick follows the context it is carried to: a process that ran at max
-    and checked off once turns cold at off when its agents' prompts grow. With max clearly
-    faster on what both measured it stays there, rather than running epochs at off until off
-    has its samples (rtx3090-250w's concurrent trace: 8 admissions at 0.6x)."""
+    """A process whose cold depth is off but which has measured max clearly faster (a restart
+    from a saved state, or a calibrated pick that moved before anything held it) goes to max
+    rather than running epochs at off until off has its samples (rtx3090-250w's concurrent
+    trace: 8 admissions at 0.6x)."""
     state = measured({(SHORT, "off"): [20.0, 22.0, 18.0], (SHORT, "max"): [32.0] * 8})
     assert state.samples("off") < 4 and state.gap("max", "off").chance_faster > 0.8
     assert pick(state) == "max"
