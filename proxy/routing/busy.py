@@ -263,6 +263,11 @@ class Epoch:
 
     profile: str
     exploring: bool = False
+    admissions: int | None = None
+    """How many admissions it lasts; None: a whole epoch. The check of the calibration's guess
+    is half of one: the guess is usually right, and every admission of the check runs at the
+    depth it measured slower (on rtx3090-250w's concurrent trace, 8 requests at depth 0 where
+    depth 3 is 1.5x its goodput: docs/routing.md, "Busy epochs")."""
 
 
 def next_busy_depth(
@@ -280,8 +285,9 @@ def next_busy_depth(
     process is idle now, so an exploring epoch's requests soon have it to themselves.
     ``priors``: the calibrated gap of ``deep`` against ``cold`` per class and level (``gap``).
     ``confirm``: the cold depth is the calibration's guess from short prompts; the other one
-    gets its first epoch as soon as the cold one has its samples, idle or not (a saturated
-    process is seldom idle, and a wrong guess would otherwise hold for good)."""
+    gets its first epoch, half of one (``Epoch.admissions``), as soon as the cold one has its
+    samples, idle or not (a saturated process is seldom idle, and a wrong guess would otherwise
+    hold for good)."""
     if cold == deep:
         return Epoch(cold)
     gap = state.gap(deep, cold, priors)
@@ -294,7 +300,7 @@ def next_busy_depth(
     if state.samples(cold) < min_samples:
         return Epoch(cold)
     if confirm and state.sent[deep] == 0:
-        return Epoch(deep, exploring=True)
+        return Epoch(deep, exploring=True, admissions=max(1, epoch // 2))
     still_open = chance > DROP and gap.weight < DECIDED * min_samples
     if still_open and calm and state.outstanding(deep) <= epoch / 2:
         return Epoch(deep, exploring=True)

@@ -369,7 +369,7 @@ class Router:
                 confirm=role is not None and role != settings.cold_busy_role,
             )
             state.profile, state.exploring, state.cold = epoch.profile, epoch.exploring, first
-            state.left = self.settings.busy_epoch_admissions
+            state.left = epoch.admissions or settings.busy_epoch_admissions
         return state.profile
 
     def _placed(
