@@ -267,7 +267,7 @@ class Epoch:
     """How many admissions it lasts; None: a whole epoch. The check of the calibration's guess
     is half of one: the guess is usually right, and every admission of the check runs at the
     depth it measured slower (on rtx3090-250w's concurrent trace, 8 requests at depth 0 where
-    depth 3 is 1.5x its goodput: docs/routing.md, "Busy epochs")."""
+    depth 3 is 1.5x its goodput: docs/routing.md, "Start-up calibration")."""
 
 
 def next_busy_depth(
