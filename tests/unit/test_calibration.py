@@ -313,16 +313,8 @@ def test_the_check_of_the_calibrations_guess_runs_half_an_epoch() -> None:
     state.profile, state.cold, state.left = "max", "max", 0
     state.sent["max"] = 8
     state.finished.update(state.sent)
-    backend = router.backends.of_model("m")[0]
-    for _ in range(12):  # short chats alone: the busy context's long prior fades
-        assert router.route("m", feat(300), exclude=()) is not None
-    picks = []
-    with router.backends.lease(backend, "max"):
-        for _ in range(8):
-            backend.recent_load = 3.0
-            route = router.route("m", feat(300), exclude=())
-            assert route is not None and route.reason == "busy", route
-            picks.append(route.profile)
+    # 12 short chats alone first: the busy context's long prior fades
+    picks = [_busy_pick(router, 300, 12 if i == 0 else 0) for i in range(8)]
     assert picks == ["off"] * 4 + ["max"] * 4
 
 
