@@ -135,7 +135,7 @@ from bench.routing_topology import (
     greedy_choices,
     proxy_config,
 )
-from proxy.tune.trace import TraceRequest, read_trace, write_trace
+from proxy.workloads.trace import TraceRequest, read_trace, write_trace
 
 STATICS = tuple(STATIC_PREFIX + p for p in PROFILES)
 POLICIES = {

@@ -46,7 +46,7 @@ import aiohttp
 from bench.routing_replay import Outcome
 from bench.routing_report import PolicyRun
 from proxy.apis import API_OF_PATH
-from proxy.tune.trace import PATHS, TraceRequest
+from proxy.workloads.trace import PATHS, TraceRequest
 
 MIN_CELL_REQUESTS = 3  # a cell leaves the best overall setting only on this many requests ...
 MIN_CELL_GAIN = 0.03  # ... and by this much goodput in that cell

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from proxy.tune.trace import TraceRequest
+from proxy.workloads.trace import TraceRequest
 
 Progress = Callable[[int, int], None]
 

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.tune import texts as text
-from proxy.tune.trace import TraceRequest, write_trace
+from proxy.workloads import texts as text
+from proxy.workloads.trace import TraceRequest, write_trace
 
 MODEL = "mtp-demo"
 DEFAULT_SEED = 7

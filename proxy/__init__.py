@@ -6,7 +6,8 @@ The map: every module of the package, once, in the order the start-up or a reque
 backend processes are the ``supervisor`` package's, which never imports this one.
 
 Start-up (``mtp-proxy serve``) and the life of the process:
-- ``cli``: the command line: serve, check-config, status, init, tune.
+- ``cli.__main__``: ``python -m proxy.cli``, the same command.
+- ``cli.main``: the command line: serve, check-config, status, init, tune.
 - ``config.settings``: the TOML file and MTP_PROXY_* overrides -> Settings (server, models, log).
 - ``config.routing``: the ``[routing]`` section: the routing brain's thresholds and priors.
 - ``config.model_names``: the ``[model_names]`` section: names clients send -> models.
@@ -15,7 +16,7 @@ Start-up (``mtp-proxy serve``) and the life of the process:
 - ``config.files``: the local files a user names, read bounded (no FIFO, device or huge file).
 - ``config.overrides``: the service's environment (this shell's, the systemd unit's): the
   settings it overrides, where each was set, and the state file in force.
-- ``ops.logs``: structlog JSON lines (a console renderer on a tty), credentials redacted.
+- ``observability.logs``: structlog JSON lines (a console renderer on a tty), credentials redacted.
 - ``plans.plan``: how each model is served (one process, pool, single) and its backend specs.
 - ``plans.preflight``: whether the backends fit in GPU memory, said before they start.
 - ``plans.gguf``: what a GGUF says about itself: trained context, MTP layers, KV shape.
@@ -24,17 +25,19 @@ Start-up (``mtp-proxy serve``) and the life of the process:
 - ``serving.backends``: LiveBackends, the live view of every backend: readiness and load.
 - ``plans.adopt``: the router, LiveBackends and the supervisor follow the plans.
 - ``plans.auto``: auto's keep-or-fall-back once a backend's draft-control probe answered.
-- ``ops.sdnotify``: systemd's READY, RELOADING and STOPPING.
-- ``ops.banner``: the start-up banner on a terminal: what runs, the URL, a request to try.
-- ``ops.fail_fast``: a model that never got a ready backend stops the start-up, with its cause.
-- ``ops.reload``: SIGHUP re-reads the configuration file and applies its models.
-- ``ops.learned_file``: the state file as the proxy last read or wrote it; others' writes kept.
-- ``ops.drain``: graceful shutdown: the requests in flight finish before the backends stop.
+- ``lifecycle.sdnotify``: systemd's READY, RELOADING and STOPPING.
+- ``cli.banner``: the start-up banner on a terminal: what runs, the URL, a request to try.
+- ``lifecycle.fail_fast``: a model that never got a ready backend stops the start-up, with its
+  cause.
+- ``lifecycle.reload``: SIGHUP re-reads the configuration file and applies its models.
+- ``lifecycle.learned_file``: the state file as the proxy last read or wrote it; others' writes
+  kept.
+- ``lifecycle.drain``: graceful shutdown: the requests in flight finish before the backends stop.
 
 A request, in the order it is served:
 - ``apis``: the wire contract: which path is which API, error dialects, the depth key, 499.
 - ``serving.connections``: client connections: a cap, a header deadline, half-closes.
-- ``ops.access_log``: the request line of every request that no handler logs itself.
+- ``observability.access_log``: the request line of every request that no handler logs itself.
 - ``serving.middlewares``: client keys, and errors in the called API's own shape.
 - ``serving.handlers``: the generation handlers; models, health and metrics.
 - ``serving.body``: reading the body: size limit, read deadline, framing errors, gzip.
@@ -71,55 +74,57 @@ A request, in the order it is served:
 - ``routing.telemetry``: timings and usage read from the answer -> Observation.
 - ``routing.spec_counters``: draft acceptance from /metrics for APIs without timings.
 - ``routing.stats``: decayed statistics per (model, class, profile, load); the state file.
-- ``ops.bookkeeping``: what no client waits for (statistics, metrics, log lines), batched.
-- ``ops.request_log``: a request's id and its logger.
-- ``ops.metrics``: the proxy's Prometheus metrics.
-- ``ops.recent``: the last finished requests and the depth chart, for the live page.
+- ``observability.bookkeeping``: what no client waits for (statistics, metrics, log lines), batched.
+- ``observability.request_log``: a request's id and its logger.
+- ``observability.metrics``: the proxy's Prometheus metrics.
+- ``observability.recent``: the last finished requests and the depth chart, for the live page.
 - ``serving.passthrough``: llama-server's other routes, forwarded or refused.
 
 Beside the requests:
-- ``ops.collectors``: metrics read at scrape time: backends, queues, what was learned.
-- ``ops.admin``: the /admin endpoints: backends, restarting one, the routing table, the
+- ``observability.collectors``: metrics read at scrape time: backends, queues, what was learned.
+- ``serving.admin``: the /admin endpoints: backends, restarting one, the routing table, the
   service, the live page's reads.
-- ``ops.live``: those reads: the depth each process runs now and why, requests, the chart.
+- ``serving.live``: those reads: the depth each process runs now and why, requests, the chart.
 - ``routing.now``: read-only: the busy epoch each one-process backend is in, with its depth.
 - ``ui.routes``: the live page at /ui/: its static files (proxy/ui/static), no data in them.
-- ``ops.status``: ``mtp-proxy status``: a running proxy's backends, depths and routing, as
+- ``cli.status``: ``mtp-proxy status``: a running proxy's backends, depths and routing, as
   tables; ``--watch`` redraws them.
 
 Setting up a box (``mtp-proxy check-config`` and ``mtp-proxy init``):
-- ``ops.check_config``: ``check-config``: a configuration checked as the service will run it.
+- ``cli.check_config``: ``check-config``: a configuration checked as the service will run it.
 - ``plans.model_files``: the model files exist, can be read, and have the MTP layers drafted.
-- ``ops.init_config``: ``init``: a commented single-GPU configuration for one GGUF.
-- ``ops.builds``: the llama-server builds on this box, the patched one first.
+- ``cli.init_config``: ``init``: a commented single-GPU configuration for one GGUF.
+- ``cli.builds``: the llama-server builds on this box, the patched one first.
 
 ``mtp-proxy tune``, measuring draft settings on this machine:
 - ``tune.command``: the command line, and the run from start to end in either way.
-- ``tune.grid``: candidate draft settings: the default grid and the user's syntax.
-- ``tune.service``: the running service: what it runs, its load, whether it runs.
-- ``tune.guard``: refuses a second copy of the weights on the GPU the service uses.
-- ``tune.context``: the server's real context per slot and its tokenizer, read first.
-- ``tune.workload``: what is replayed, sized to that context; what does not fit, and why.
-- ``tune.trace``: the trace file format (JSON lines), shared with ``bench.routing``.
-- ``tune.texts``: the text builders of the workloads: code, prose, agent turns.
-- ``tune.job``: a run's shared steps: workload, store, plan, recorder.
-- ``tune.plan``: the plan printed before anything is measured, and its estimate.
-- ``tune.estimate``: the warm-up that measures this backend's speed for the estimate.
-- ``tune.own_job``: a run on tune's own processes (the service stopped).
-- ``tune.runner``: replays the workload under each setting, one process at a time.
-- ``tune.launch``: one backend process for one setting, run by the supervisor's Child.
-- ``tune.service_job``: a run through the running service, and its reload after --apply.
-- ``tune.service_run``: replays the workload through the service, pinned, depth per request.
-- ``tune.record``: one request from sending to the store: measured, failed, or given up.
-- ``tune.measure``: one measured request, read as the router reads an answer.
-- ``tune.failures``: failures per class and reason; classes given up after their first repeat.
-- ``tune.store``: measured results on disk, so a rerun resumes.
-- ``tune.progress``: the bar and the time left, corrected as the run goes.
-- ``tune.analysis``: measurements -> median and spread per setting, class and load level.
-- ``tune.recommend``: the fewest settings that capture the gain, as profiles named by setting.
-- ``tune.labels``: request classes in words, and in file names.
-- ``tune.summary``: the end of a run: the outputs, the gaps, the exit code.
-- ``tune.outputs``: the table (text, CSV, JSON), profiles.toml and the state file.
-- ``tune.chart``: one PNG per request class and a summary, readable alone.
-- ``tune.apply``: --apply: the config, the state file in force, the reload.
+- ``tune.plan.grid``: candidate draft settings: the default grid and the user's syntax.
+- ``tune.run.service``: the running service: what it runs, its load, whether it runs.
+- ``tune.run.guard``: refuses a second copy of the weights on the GPU the service uses.
+- ``tune.plan.context``: the server's real context per slot and its tokenizer, read first.
+- ``tune.plan.workload``: what is replayed, sized to that context; what does not fit, and why.
+- ``workloads.trace``: the trace file format (JSON lines), shared with ``bench.routing``.
+- ``workloads.texts``: the text builders of the workloads: code, prose, agent turns.
+- ``tune.run.job``: a run's shared steps: workload, store, plan, recorder.
+- ``tune.plan.outline``: the plan printed before anything is measured, and its estimate.
+- ``tune.plan.estimate``: the warm-up that measures this backend's speed for the estimate.
+- ``tune.run.own_job``: a run on tune's own processes (the service stopped).
+- ``tune.run.own_run``: replays the workload under each setting, one process at a time.
+- ``tune.run.launch``: one backend process for one setting, run by the supervisor's Child.
+- ``tune.run.service_job``: a run through the running service, and its reload after --apply.
+- ``tune.run.service_run``: replays the workload through the service, pinned, depth per request.
+- ``tune.measure.record``: one request from sending to the store: measured, failed, or given up.
+- ``tune.measure.reading``: one measured request, read as the router reads an answer.
+- ``tune.measure.failures``: failures per class and reason; classes given up after their first
+  repeat.
+- ``tune.measure.store``: measured results on disk, so a rerun resumes.
+- ``tune.run.progress``: the bar and the time left, corrected as the run goes.
+- ``tune.report.analysis``: measurements -> median and spread per setting, class and load level.
+- ``tune.report.recommend``: the fewest settings that capture the gain, as profiles named by
+  setting.
+- ``tune.report.labels``: request classes in words, and in file names.
+- ``tune.report.summary``: the end of a run: the outputs, the gaps, the exit code.
+- ``tune.report.outputs``: the table (text, CSV, JSON), profiles.toml and the state file.
+- ``tune.report.chart``: one PNG per request class and a summary, readable alone.
+- ``tune.report.apply``: --apply: the config, the state file in force, the reload.
 """

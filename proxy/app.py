@@ -24,22 +24,22 @@ from prometheus_client import CollectorRegistry
 from proxy.apis import API_OF_PATH
 from proxy.config.routing import RoutingSettings
 from proxy.config.settings import Settings
-from proxy.ops import admin, sdnotify
-from proxy.ops.access_log import access_log_middleware
-from proxy.ops.collectors import BackendsCollector
-from proxy.ops.drain import REQUESTS, RequestCount, count_requests, drain
-from proxy.ops.fail_fast import ModelCannotStartError
-from proxy.ops.learned_file import LearnedFile
-from proxy.ops.metrics import ProxyMetrics
-from proxy.ops.recent import RecentRequests
-from proxy.ops.reload import Reloader
+from proxy.lifecycle import sdnotify
+from proxy.lifecycle.drain import REQUESTS, RequestCount, count_requests, drain
+from proxy.lifecycle.fail_fast import ModelCannotStartError
+from proxy.lifecycle.learned_file import LearnedFile
+from proxy.lifecycle.reload import Reloader
+from proxy.observability.access_log import access_log_middleware
+from proxy.observability.collectors import BackendsCollector
+from proxy.observability.metrics import ProxyMetrics
+from proxy.observability.recent import RecentRequests
 from proxy.plans.adopt import apply_plans, register_backends
 from proxy.plans.auto import on_ready, on_replaced
 from proxy.plans.plan import describe_plan, plans_of
 from proxy.routing.calibrate import Calibrator, Target
 from proxy.routing.router import Router
 from proxy.routing.stats import LearnedStats, dump_stepwise
-from proxy.serving import handlers, passthrough
+from proxy.serving import admin, handlers, passthrough
 from proxy.serving.admission import Admission
 from proxy.serving.backends import LiveBackends
 from proxy.serving.connections import (
@@ -241,7 +241,8 @@ def _track(state: ProxyState, changed: Backend) -> None:
 
 def _judge_start_up(state: ProxyState, model: str) -> None:
     """Still starting up and the model's backends all gave up before one was ever ready: the
-    proxy stops (proxy.ops.fail_fast); its last words go to the log and to systemd's status."""
+    proxy stops (proxy.lifecycle.fail_fast); its last words go to the log and to systemd's
+    status."""
     assert state.supervisor is not None
     line = state.startup.judge(model, state.supervisor.backends)
     if line is not None:
@@ -310,8 +311,8 @@ async def serve(
     At shutdown the listener closes first; requests in flight get drain_timeout_s to finish,
     then what is left is cut and the backends are stopped. The port is bound before any backend
     is spawned: one in use raises ListenError at once. A model whose backends all fail before
-    one was ever ready (proxy.ops.fail_fast) shuts the proxy down as a signal would, then raises
-    ModelCannotStartError.
+    one was ever ready (proxy.lifecycle.fail_fast) shuts the proxy down as a signal would, then
+    raises ModelCannotStartError.
     """
     server = settings.server
     sock = bind_listener(server.host, server.port, _BACKLOG)
@@ -406,7 +407,7 @@ def _bound_port(runner: web.AppRunner) -> int:
 
 @contextlib.contextmanager
 def _signals_handled(stop: asyncio.Event, reloader: Reloader, *, enabled: bool) -> Iterator[None]:
-    """SIGTERM and SIGINT set `stop`; SIGHUP asks for a reload (proxy.ops.reload)."""
+    """SIGTERM and SIGINT set `stop`; SIGHUP asks for a reload (proxy.lifecycle.reload)."""
     if not enabled:  # a caller's own shutdown trigger (tests, embedding) owns the signals
         yield
         return

@@ -16,11 +16,11 @@ from prometheus_client import CollectorRegistry
 from structlog.typing import FilteringBoundLogger
 
 from proxy.config.settings import Settings
-from proxy.ops.bookkeeping import Bookkeeping
-from proxy.ops.fail_fast import StartupWatch
-from proxy.ops.learned_file import LearnedFile
-from proxy.ops.metrics import ProxyMetrics
-from proxy.ops.recent import RecentRequests
+from proxy.lifecycle.fail_fast import StartupWatch
+from proxy.lifecycle.learned_file import LearnedFile
+from proxy.observability.bookkeeping import Bookkeeping
+from proxy.observability.metrics import ProxyMetrics
+from proxy.observability.recent import RecentRequests
 from proxy.plans.plan import ModelPlan
 from proxy.routing.router import Router
 from proxy.routing.spec_counters import SpecCounterTracker
@@ -66,7 +66,8 @@ class ProxyState:
     bookkeeping: Bookkeeping = field(default_factory=Bookkeeping)
     request_ids: RequestIds = field(default_factory=RequestIds)
     recent: RecentRequests = field(default_factory=RecentRequests)
-    """The last finished requests and the depth chart, for the live page (proxy.ops.recent)."""
+    """The last finished requests and the depth chart, for the live page
+    (proxy.observability.recent)."""
     inflating: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
     """gzip request bodies inflated at once (proxy.serving.body)."""
     late_system: dict[str, LateSystem | None] = field(default_factory=dict)
@@ -80,7 +81,8 @@ class ProxyState:
     listening: bool = False  # the listener is up: READY=1 may be sent from now on
     notified_ready: bool = False
     startup: StartupWatch = field(default_factory=StartupWatch)
-    """Models ready once since start-up, and the first that cannot start (proxy.ops.fail_fast)."""
+    """Models ready once since start-up, and the first that cannot start
+    (proxy.lifecycle.fail_fast)."""
     # Bound once (logging is configured before the app is made): building a logger from
     # structlog's configuration for every request took ~70 us on a cold path.
     request_log: FilteringBoundLogger = field(

@@ -3,7 +3,7 @@
 The router learns which models take their profiles as per-request depths; LiveBackends lists
 every backend the plans call for (a new one as STARTING, so its model answers 503 while it
 loads, not 404); the supervisor runs them. Start-up (``proxy.app``), a SIGHUP reload
-(``proxy.ops.reload``) and auto's fallback (``proxy.plans.auto``) all adopt plans here.
+(``proxy.lifecycle.reload``) and auto's fallback (``proxy.plans.auto``) all adopt plans here.
 """
 
 from __future__ import annotations

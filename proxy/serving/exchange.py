@@ -15,7 +15,7 @@ from structlog.typing import FilteringBoundLogger
 
 from proxy.apis import CLIENT_CLOSED, DEPTH_KEY, Api, dialect_of
 from proxy.compat.request import Chained, RequestMends, Rewriter
-from proxy.ops.request_log import LOGGED, request_id, request_logger
+from proxy.observability.request_log import LOGGED, request_id, request_logger
 from proxy.routing.router import CLIENT_PROFILE, Route
 from proxy.routing.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
 from proxy.serving.admission import QueueRefused
@@ -282,8 +282,8 @@ class Exchange:
 
     async def _send(self, out: web.StreamResponse) -> None:
         """Write a complete answer now: the bookkeeping (telemetry, metrics, the log line) is
-        deferred (proxy.ops.bookkeeping), and aiohttp would otherwise write it only after the
-        handler returned."""
+        deferred (proxy.observability.bookkeeping), and aiohttp would otherwise write it only
+        after the handler returned."""
         if out.prepared:
             return  # a stream, or a large answer relayed as it came: already sent
         send_s = self.state.timeouts.send_s
@@ -491,7 +491,7 @@ class Exchange:
         *,
         error: str | None = None,
     ) -> None:
-        """The request among the live page's recent requests (proxy.ops.recent)."""
+        """The request among the live page's recent requests (proxy.observability.recent)."""
         self.state.recent.record(
             request_id(self.request),
             self.api,

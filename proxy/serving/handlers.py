@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from proxy.apis import Api, dialect_of
 from proxy.compat.request import RequestMends
 from proxy.config.settings import Settings
-from proxy.ops.request_log import LOGGED, request_id, request_logger
+from proxy.observability.request_log import LOGGED, request_id, request_logger
 from proxy.serving.body import BodyLimits, BodyRefused, read_body
 from proxy.serving.errors import error_response
 from proxy.serving.exchange import Exchange

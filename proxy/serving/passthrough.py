@@ -29,8 +29,8 @@ from aiohttp import web
 
 from proxy.apis import Dialect, dialect_of_path
 from proxy.compat.request import counted_body
-from proxy.ops.access_log import LOG_FIELDS
-from proxy.ops.metrics import UNROUTED
+from proxy.observability.access_log import LOG_FIELDS
+from proxy.observability.metrics import UNROUTED
 from proxy.serving.admission import QueueRefused
 from proxy.serving.backends import LiveBackend
 from proxy.serving.body import BodyLimits, BodyRefused, read_body

@@ -31,7 +31,19 @@ from proxy.config.overrides import (
     unit_runs,
 )
 from proxy.config.settings import ConfigError, ModelSettings, Settings, load_settings
-from proxy.tune.apply import (
+from proxy.tune.measure.failures import Failures
+from proxy.tune.measure.store import ResultStore, StoreError
+from proxy.tune.plan.context import ContextError
+from proxy.tune.plan.estimate import WarmUpError
+from proxy.tune.plan.grid import (
+    DEFAULT_SPEC_TYPE,
+    DraftSetting,
+    GridError,
+    default_grid,
+    parse_grid,
+)
+from proxy.tune.plan.workload import WorkloadError, file_workload
+from proxy.tune.report.apply import (
     ApplyError,
     UnitProcess,
     reload_service,
@@ -39,18 +51,7 @@ from proxy.tune.apply import (
     write_config,
     write_state,
 )
-from proxy.tune.context import ContextError
-from proxy.tune.estimate import WarmUpError
-from proxy.tune.failures import Failures
-from proxy.tune.grid import DEFAULT_SPEC_TYPE, DraftSetting, GridError, default_grid, parse_grid
-from proxy.tune.guard import second_copy_refusal
-from proxy.tune.job import Job, JobError
-from proxy.tune.own_job import OwnProcesses
-from proxy.tune.runner import Mode, TuneRun
-from proxy.tune.service import ServiceError, ServiceInfo, read_service, running_service
-from proxy.tune.service_job import ThroughService, await_reload
-from proxy.tune.store import ResultStore, StoreError
-from proxy.tune.summary import (
+from proxy.tune.report.summary import (
     EXIT_CODES,
     EXIT_INTERRUPTED,
     EXIT_NOT_APPLIED,
@@ -59,7 +60,12 @@ from proxy.tune.summary import (
     Outcome,
     finish,
 )
-from proxy.tune.workload import WorkloadError, file_workload
+from proxy.tune.run.guard import second_copy_refusal
+from proxy.tune.run.job import Job, JobError
+from proxy.tune.run.own_job import OwnProcesses
+from proxy.tune.run.own_run import Mode, TuneRun
+from proxy.tune.run.service import ServiceError, ServiceInfo, read_service, running_service
+from proxy.tune.run.service_job import ThroughService, await_reload
 from supervisor.flags import CTX_SIZE, positive_int
 
 INTERRUPTED = EXIT_INTERRUPTED
@@ -139,7 +145,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from proxy.ops.logs import configure_logging
+    from proxy.observability.logs import configure_logging
 
     try:
         repeats, settings_text = _checked(args)
@@ -342,7 +348,7 @@ async def _apply(
     admin_key: str | None,
     keep_start_depth: int | None = None,
 ) -> int:
-    """--apply: the config, the state file, the reload (proxy.tune.apply)."""
+    """--apply: the config, the state file, the reload (proxy.tune.report.apply)."""
     rec = outcome.rec
     if rec is None or outcome.table is None:
         print("not applied: nothing was measured")

@@ -1,11 +1,11 @@
 """Serve the live page's files under /ui/.
 
-The files hold no data and no secret: the page asks the admin API for everything (proxy.ops.admin)
-with the key it reads from the URL's fragment (`/ui/#key=...`), which browsers never send to a
-server. So the files are served without a key, like /health, and a client API key is not asked
-for either. They are read once, when the app is made (a few kilobytes), and sent with headers that
-keep them on this origin: a Content-Security-Policy that allows only the page's own script and
-style and requests to this proxy, no framing, no referrer.
+The files hold no data and no secret: the page asks the admin API for everything
+(proxy.serving.admin) with the key it reads from the URL's fragment (`/ui/#key=...`), which browsers
+never send to a server. So the files are served without a key, like /health, and a client API key is
+not asked for either. They are read once, when the app is made (a few kilobytes), and sent with
+headers that keep them on this origin: a Content-Security-Policy that allows only the page's own
+script and style and requests to this proxy, no framing, no referrer.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from importlib import resources
 
 from aiohttp import web
 
-from proxy.ops.live import quiet_read
 from proxy.serving.expect import expect_handler
+from proxy.serving.live import quiet_read
 from proxy.state import STATE
 
 PREFIX = "/ui"

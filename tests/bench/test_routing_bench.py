@@ -13,7 +13,7 @@ import pytest
 
 from bench import trace_gen
 from bench.routing_report import ratios
-from proxy.tune.trace import write_trace
+from proxy.workloads.trace import write_trace
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # bench/ runs from a checkout (not in the wheel)
 SMOKE_POLICIES = (

@@ -96,24 +96,26 @@ def test_the_wheel_holds_the_product_and_its_data_only(wheel: Path) -> None:
         names
     )
     assert any(name.startswith("simulator/presets/") for name in names)
-    assert "proxy/tune/trace.py" in names and "proxy/tune/texts.py" in names
+    assert "proxy/workloads/trace.py" in names and "proxy/workloads/texts.py" in names
 
 
 def test_the_console_script_is_the_cli(site: Path) -> None:
     (info,) = site.glob("mtp_proxy-*.dist-info")
     scripts = (info / "entry_points.txt").read_text()
-    assert "mtp-proxy = proxy.cli:main" in scripts.splitlines()
+    assert "mtp-proxy = proxy.cli.main:main" in scripts.splitlines()
 
 
 def test_every_module_of_the_wheel_imports_without_bench(site: Path, tmp_path: Path) -> None:
-    argv = [sys.executable, "-c", _IMPORT_ALL, str(site), "proxy.cli:main", *PRODUCT]
+    argv = [sys.executable, "-c", _IMPORT_ALL, str(site), "proxy.cli.main:main", *PRODUCT]
     # cwd: not the checkout, whose bench/ would be importable from there.
     env = {**os.environ, "PYTHONPATH": str(site)}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert (result["bench"], result["tried"]) == ([], [])
-    assert {"proxy.cli", "proxy.tune.workload", "proxy.tune.trace"} <= set(result["modules"])
+    assert {"proxy.cli.main", "proxy.tune.plan.workload", "proxy.workloads.trace"} <= set(
+        result["modules"]
+    )
     on_disk = [p for top in PRODUCT for p in (site / top).rglob("*.py") if p.stem != "__main__"]
     assert len(result["modules"]) == len(on_disk)  # every module was imported
 

@@ -16,8 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.processes import spawn_proxy, start_simulator, wait_listening
+from proxy.cli.status import render_status
 from proxy.config.routing import RoutingSettings
-from proxy.ops.status import render_status
 from proxy.routing.calibrate import identity, measure
 from proxy.routing.calibration import Calibration
 from tests.support.harness import (

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.processes import start_proxy
-from proxy.ops.status import render_status
+from proxy.cli.status import render_status
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import tomli_w
 
-from proxy.ops.logs import REDACTED, REQUEST_FIELDS
+from proxy.observability.logs import REDACTED, REQUEST_FIELDS
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,

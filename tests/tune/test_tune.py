@@ -24,9 +24,9 @@ import pytest
 from proxy.config.routing import RoutingSettings
 from proxy.config.settings import Settings
 from proxy.routing.stats import LearnedStats
-from proxy.tune import texts
-from proxy.tune.chart import SUMMARY, chart_name
-from proxy.tune.workload import builtin_workload
+from proxy.tune.plan.workload import builtin_workload
+from proxy.tune.report.chart import SUMMARY, chart_name
+from proxy.workloads import texts
 from tests.support.harness import proxy_config, running_proxy, simulator_model, wait_all_ready
 from tests.support.tune_helpers import (
     best,

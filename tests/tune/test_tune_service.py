@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from proxy.tune import texts
-from proxy.tune.failures import SKIPPED
+from proxy.tune.measure.failures import SKIPPED
+from proxy.workloads import texts
 from tests.support.fake_gpu import fake_nvidia_smi, sparse
 from tests.support.harness import (
     ADMIN_KEY,

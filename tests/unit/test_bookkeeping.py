@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.ops.bookkeeping import Bookkeeping
+from proxy.observability.bookkeeping import Bookkeeping
 
 
 async def turns(n: int) -> None:

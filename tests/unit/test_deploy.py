@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry
 
 from proxy.config.routing import RoutingSettings
 from proxy.config.settings import load_settings
-from proxy.ops.collectors import BackendsCollector
-from proxy.ops.metrics import ProxyMetrics
+from proxy.observability.collectors import BackendsCollector
+from proxy.observability.metrics import ProxyMetrics
 from proxy.state import ProxyState
 from supervisor.settings import SupervisorSettings
 from tests.support.deploy_files import (

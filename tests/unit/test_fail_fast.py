@@ -1,4 +1,4 @@
-"""proxy.ops.fail_fast's verdict: a model is given up only when every one of its backends is
+"""proxy.lifecycle.fail_fast's verdict: a model is given up only when every one of its backends is
 FAILED and none was ever ready; the line names the model, the crash loop and the cause. The
 proxy exiting on it, for real: tests/proxy/test_fail_fast.py, tests/llama/test_fail_fast.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import cast
 
-from proxy.ops.fail_fast import StartupWatch, cannot_start_line
+from proxy.lifecycle.fail_fast import StartupWatch, cannot_start_line
 from supervisor.backend import Backend
 from supervisor.states import BackendState
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import structlog
 
-from proxy.cli import _demo_admin_key, _parser
+from proxy.cli.banner import render_banner, what_runs
+from proxy.cli.main import _demo_admin_key, _parser
 from proxy.config.settings import Settings, load_settings
-from proxy.ops.banner import render_banner, what_runs
-from proxy.ops.logs import configure_logging
+from proxy.observability.logs import configure_logging
 from proxy.serving.handlers import unknown_pin
 
 

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config.settings import Settings
-from proxy.ops.builds import Build, cache_root, find_builds
-from proxy.ops.init_config import (
+from proxy.cli.builds import Build, cache_root, find_builds
+from proxy.cli.init_config import (
     STATE_FILE,
     InitError,
     build_config,
     choose_context,
     model_name,
 )
+from proxy.config.settings import Settings
 from proxy.plans.gguf import GgufFacts
 from supervisor.memory import DRAFT_HEADROOM_BYTES, GIB, estimate_vram_bytes
 from tests.support.tinygguf import Mtp, Qwen35Config, write_qwen35
@@ -184,7 +184,7 @@ def test_no_llama_server_anywhere_is_refused_with_the_ways_to_get_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = write_qwen35(tmp_path / "m.gguf", Qwen35Config())
-    monkeypatch.setattr("proxy.ops.init_config.find_builds", lambda: [])
+    monkeypatch.setattr("proxy.cli.init_config.find_builds", lambda: [])
     with pytest.raises(InitError, match=r"install\.sh --with-llama-server"):
         build_config(init_args(model))
     with pytest.raises(InitError, match="is not an executable file"):
@@ -194,6 +194,6 @@ def test_no_llama_server_anywhere_is_refused_with_the_ways_to_get_one(
 def test_a_stock_build_is_said_to_be_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = write_qwen35(tmp_path / "m.gguf", Qwen35Config())
     stock = Build(executable(tmp_path / "llama-server"), patched=False, where="PATH")
-    monkeypatch.setattr("proxy.ops.init_config.find_builds", lambda: [stock])
+    monkeypatch.setattr("proxy.cli.init_config.find_builds", lambda: [stock])
     text, notes = build_config(init_args(model))
     assert "not known to be patched" in text and "not known to be patched" in notes[1]

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from proxy.ops.logs import REDACTED, Redactor, configure_logging
+from proxy.observability.logs import REDACTED, Redactor, configure_logging
 from proxy.state import RequestIds
 
 

@@ -1,5 +1,5 @@
-"""The live page's memory of finished requests (proxy/ops/recent.py): a bounded ring read by
-sequence number, the last request of each backend, and the chart per depth."""
+"""The live page's memory of finished requests (proxy/observability/recent.py): a bounded ring read
+by sequence number, the last request of each backend, and the chart per depth."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import tracemalloc
 from types import SimpleNamespace
 from typing import Any, cast
 
-from proxy.ops.recent import Finished, RecentRequests, as_json
+from proxy.observability.recent import Finished, RecentRequests, as_json
 from proxy.routing.classes import RequestClass
 from proxy.routing.router import Route
 from proxy.routing.telemetry import Observation

@@ -10,7 +10,7 @@ import tomllib
 
 import pytest
 
-from proxy.cli import _parser
+from proxy.cli.main import _parser
 from proxy.config.settings import Settings
 from tests.support.deploy_files import INSTALL, REPO
 

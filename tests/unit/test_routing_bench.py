@@ -26,7 +26,7 @@ from bench.routing_replay import Outcome, sessions_of
 from bench.routing_report import PolicyRun, mean_report, mean_table, ratios
 from bench.routing_topology import BenchConfig, proxy_config
 from proxy.config.settings import load_settings
-from proxy.tune.trace import PATHS, TraceError, dump_lines, parse_line, read_trace, write_trace
+from proxy.workloads.trace import PATHS, TraceError, dump_lines, parse_line, read_trace, write_trace
 from simulator import prompts
 from simulator.formats import Api as SimApi
 

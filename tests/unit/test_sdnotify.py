@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.ops.sdnotify import notify
+from proxy.lifecycle.sdnotify import notify
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import main as cli_main
-from proxy.tune.store import ResultStore, StoreError
+from proxy.cli.main import main as cli_main
+from proxy.tune.measure.store import ResultStore, StoreError
 from tests.support.tune_helpers import sim_config, write_config
 
 

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import _parser
+from proxy.cli.main import _parser
 from proxy.config.overrides import StateFile
 from proxy.config.routing import RoutingSettings
 from proxy.config.settings import Settings, load_settings
-from proxy.ops.learned_file import LearnedFile
+from proxy.lifecycle.learned_file import LearnedFile
 from proxy.routing.stats import LearnedStats
-from proxy.tune.apply import ApplyError, UnitProcess, parse_show, write_config, write_state
-from proxy.tune.grid import OFF, DraftSetting
-from proxy.tune.guard import second_copy_refusal
-from proxy.tune.recommend import Profile, Recommendation
+from proxy.tune.plan.grid import OFF, DraftSetting
+from proxy.tune.report.apply import ApplyError, UnitProcess, parse_show, write_config, write_state
+from proxy.tune.report.recommend import Profile, Recommendation
+from proxy.tune.run.guard import second_copy_refusal
 from supervisor.memory import GIB
 from tests.support.fake_gpu import sparse
 
@@ -187,10 +187,10 @@ def test_applied_files_keep_the_owners_the_service_reads_them_as(
     own user) for a new one; otherwise the service could no longer read them."""
     config = _config(tmp_path)
     mine = (os.geteuid(), os.getegid())
-    monkeypatch.setattr("proxy.tune.apply.os.geteuid", lambda: mine[0] + 1)  # as if root
+    monkeypatch.setattr("proxy.tune.report.apply.os.geteuid", lambda: mine[0] + 1)  # as if root
     chowned: list[tuple[str, int, int]] = []
     monkeypatch.setattr(
-        "proxy.tune.apply.os.chown",
+        "proxy.tune.report.apply.os.chown",
         lambda path, uid, gid: chowned.append((Path(path).name, uid, gid)),
     )
     write_config(config, "m", _rec(), tmp_path)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from proxy.config.routing import RoutingSettings
-from proxy.tune.analysis import Cell, Spread, Table
-from proxy.tune.grid import OFF, DraftSetting, GridError, default_grid, parse_grid
-from proxy.tune.recommend import recommend
-from proxy.tune.workload import builtin_workload, context_targets
+from proxy.tune.plan.grid import OFF, DraftSetting, GridError, default_grid, parse_grid
+from proxy.tune.plan.workload import builtin_workload, context_targets
+from proxy.tune.report.analysis import Cell, Spread, Table
+from proxy.tune.report.recommend import recommend
 
 N1, N2, N3 = DraftSetting(1), DraftSetting(2), DraftSetting(3)
 N2M1 = DraftSetting(2, 1)

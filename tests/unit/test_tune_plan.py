@@ -11,18 +11,18 @@ from dataclasses import replace
 import pytest
 
 from proxy.config.routing import RoutingSettings
-from proxy.tune.analysis import Cell, Spread, Table, analyse, paired_ratios
-from proxy.tune.chart import chart_name
-from proxy.tune.context import ServerContext
-from proxy.tune.failures import CONTEXT, SKIPPED, Failures, reason_of
-from proxy.tune.grid import OFF, DraftSetting
-from proxy.tune.labels import class_words, file_part
-from proxy.tune.measure import Measurement
-from proxy.tune.outputs import RunReport, profiles_toml, rows, verdict
-from proxy.tune.progress import Progress
-from proxy.tune.recommend import recommend
-from proxy.tune.service import ServedModel
-from proxy.tune.workload import builtin_workload, fit_workload
+from proxy.tune.measure.failures import CONTEXT, SKIPPED, Failures, reason_of
+from proxy.tune.measure.reading import Measurement
+from proxy.tune.plan.context import ServerContext
+from proxy.tune.plan.grid import OFF, DraftSetting
+from proxy.tune.plan.workload import builtin_workload, fit_workload
+from proxy.tune.report.analysis import Cell, Spread, Table, analyse, paired_ratios
+from proxy.tune.report.chart import chart_name
+from proxy.tune.report.labels import class_words, file_part
+from proxy.tune.report.outputs import RunReport, profiles_toml, rows, verdict
+from proxy.tune.report.recommend import recommend
+from proxy.tune.run.progress import Progress
+from proxy.tune.run.service import ServedModel
 
 N1, N2, N3, N4 = DraftSetting(1), DraftSetting(2), DraftSetting(3), DraftSetting(4)
 N3M1 = DraftSetting(3, 1)
@@ -230,7 +230,7 @@ def test_the_time_left_follows_the_measured_pace(monkeypatch: pytest.MonkeyPatch
     as slowly as planned (long prompts prefill slower than the warm-up's), so the time left
     doubles for the requests; a start costs what the starts took."""
     now = [1000.0]
-    monkeypatch.setattr("proxy.tune.progress.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("proxy.tune.run.progress.time.monotonic", lambda: now[0])
     stream = io.StringIO()
     progress = Progress(10, 100.0, stream, starts=2, start_s=5.0)
     assert progress.eta_s() == 110.0  # the plan: 100 s of requests and two 5 s starts

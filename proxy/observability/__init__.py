@@ -1,0 +1,1 @@
+"""What the proxy tells about itself: logs, metrics, the recent requests."""

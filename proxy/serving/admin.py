@@ -1,0 +1,172 @@
+"""Admin endpoints: backends (state, restarts, ...), restarting one, the learned routing table,
+what the service runs (for `mtp-proxy tune --url`), and the live page's reads: the depth each
+process runs now, recent requests, the depth chart.
+
+Disabled (404) unless an admin key is configured; then every call must present it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from aiohttp import web
+
+from proxy.config.settings import ModelSettings
+from proxy.plans.plan import ModelPlan, processes
+from proxy.serving import live
+from proxy.serving.errors import error_response
+from proxy.serving.expect import expect_handler
+from proxy.serving.middlewares import key_matches, presented_key
+from proxy.state import STATE, ProxyState
+from supervisor.flags import CTX_SIZE, positive_int
+from supervisor.spec import DraftSpec
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/admin/backends", backends, expect_handler=expect_handler)
+    app.router.add_post("/admin/backends/{name:.+}/restart", restart, expect_handler=expect_handler)
+    app.router.add_get("/admin/routing", routing, expect_handler=expect_handler)
+    app.router.add_get("/admin/service", service, expect_handler=expect_handler)
+    app.router.add_get("/admin/depths", depths, expect_handler=expect_handler)
+    app.router.add_get("/admin/requests", requests, expect_handler=expect_handler)
+    app.router.add_get("/admin/chart", chart, expect_handler=expect_handler)
+
+
+def _refusal(request: web.Request) -> web.Response | None:
+    admin_key = request.app[STATE].settings.server.admin_key
+    if admin_key is None:
+        return error_response("openai", 404, "admin endpoints are disabled (no admin_key set)")
+    presented = request.headers.get("X-Admin-Key") or presented_key(request)
+    if presented is None or not key_matches(presented, [admin_key.get_secret_value()]):
+        return error_response("openai", 401, "invalid or missing admin key")
+    return None
+
+
+async def backends(request: web.Request) -> web.StreamResponse:
+    if refusal := _refusal(request):
+        return refusal
+    state = request.app[STATE]
+    rows = []
+    supervised = {b.spec.name: b for b in state.supervisor.backends} if state.supervisor else {}
+    for backend in state.backends.all():
+        row = supervised[backend.name].snapshot() if backend.name in supervised else {}
+        row.update(name=backend.name, model=backend.model, profile=backend.profile)
+        row.update(in_flight=backend.in_flight, slots=backend.slots)
+        row.update(queued=state.admission.queued(backend.model))  # the model's, waiting
+        rows.append(row)
+    return live.quiet_read(request, web.json_response({"backends": rows}))
+
+
+async def restart(request: web.Request) -> web.Response:
+    if refusal := _refusal(request):
+        return refusal
+    state = request.app[STATE]
+    name = request.match_info["name"]
+    if state.supervisor is None or state.backends.get(name) is None:
+        return error_response("openai", 404, f"no backend named {name!r}")
+    await state.supervisor.restart(name)
+    return web.json_response({"restarting": name})
+
+
+async def routing(request: web.Request) -> web.StreamResponse:
+    if refusal := _refusal(request):
+        return refusal
+    state = request.app[STATE]
+    state.bookkeeping.flush()  # what every request answered so far taught the router
+    return live.quiet_read(request, web.json_response(state.router.snapshot()))
+
+
+async def depths(request: web.Request) -> web.StreamResponse:
+    """Per backend, the depth it runs now and why (its busy epoch, its last request)."""
+    if refusal := _refusal(request):
+        return refusal
+    state = request.app[STATE]
+    state.bookkeeping.flush()
+    return live.quiet_read(request, web.json_response(live.depths_view(state)))
+
+
+async def requests(request: web.Request) -> web.StreamResponse:
+    """Finished requests after ?after=SEQ (default: all kept), at most ?limit=N."""
+    if refusal := _refusal(request):
+        return refusal
+    numbers = {}
+    for name, default in (("after", 0), ("limit", live.MAX_ROWS)):
+        text = request.query.get(name, str(default))
+        if not text.isdigit() or len(text) > 18:
+            message = f"{name} must be a non-negative integer, not {text[:40]!r}"
+            return error_response("openai", 400, message)
+        numbers[name] = int(text)
+    state = request.app[STATE]
+    state.bookkeeping.flush()  # the requests that just finished
+    view = live.requests_view(state, numbers["after"], numbers["limit"])
+    return live.quiet_read(request, web.json_response(view))
+
+
+async def chart(request: web.Request) -> web.StreamResponse:
+    """Decode tok/s and acceptance per depth over the last minutes."""
+    if refusal := _refusal(request):
+        return refusal
+    state = request.app[STATE]
+    state.bookkeeping.flush()
+    return live.quiet_read(request, web.json_response(live.chart_view(state)))
+
+
+async def service(request: web.Request) -> web.Response:
+    """What this service runs, read-only: its process, config file and state file in force
+    (environment overrides applied), the routing settings it classifies with, and each model's
+    plan with the draft settings of its processes. `mtp-proxy tune --url` measures through the
+    service from this, and applies its result where the service reads it."""
+    if refusal := _refusal(request):
+        return refusal
+    state = request.app[STATE]
+    routing = state.settings.routing
+    return web.json_response(
+        {
+            "pid": os.getpid(),
+            "config_path": None if state.config_path is None else str(state.config_path),
+            "state_file": None if routing.state_file is None else str(routing.state_file),
+            "state": state.router.stats.load_report,
+            "state_loaded_at": None if state.learned_file is None else state.learned_file.loaded_at,
+            "routing": routing.model_dump(mode="json"),
+            "models": [_model_row(state, m) for m in state.settings.models],
+        }
+    )
+
+
+def _model_row(state: ProxyState, model: ModelSettings) -> dict[str, Any]:
+    plan: ModelPlan | None = state.plans.get(model.name)
+    row: dict[str, Any] = {
+        "name": model.name,
+        "aliases": list(model.aliases),
+        "backend": model.backend,
+        "context": positive_int(model.args, CTX_SIZE),
+        "draft_control": model.draft_control,
+        "profiles": [
+            {"name": p.name, "depth": model.profile_depth(p), **_draft(p.draft())}
+            for p in model.profiles
+        ],
+        "backends": [b.name for b in state.backends.of_model(model.name)],
+    }
+    if plan is not None:
+        row["plan"] = {
+            "shape": plan.shape,
+            "decided": plan.decided,
+            "start_depth": plan.start_depth,
+            "depths": dict(plan.depths),
+            "single_profile": plan.single_profile,
+            # The draft flags each process runs with (a per-request depth lowers n_max only).
+            "processes": {p.name: _draft(p.profile.draft()) for p in processes(model, plan)},
+        }
+    return row
+
+
+def _draft(draft: DraftSpec) -> dict[str, Any]:
+    if draft.is_off:
+        return {"spec_type": None, "n_max": None, "n_min": None, "p_min": None}
+    return {
+        "spec_type": draft.spec_type,
+        "n_max": draft.n_max,
+        "n_min": draft.n_min,
+        "p_min": draft.p_min,
+    }

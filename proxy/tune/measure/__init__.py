@@ -1,0 +1,1 @@
+"""One measured request, from sending it to the store on disk."""

@@ -1,0 +1,1 @@
+"""Measurements -> the table, the recommended profiles, the charts, --apply."""
