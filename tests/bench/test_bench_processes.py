@@ -86,7 +86,7 @@ def test_a_stopped_routing_benchmark_leaves_no_process_behind(
         def serving() -> bool:  # its proxy runs, and the proxy's simulator
             started.update(descendants(bench.pid))
             commands = [command(pid) for pid in started]
-            return any("proxy.cli.main" in c for c in commands) and any(
+            return any("-m proxy.cli" in c for c in commands) and any(
                 "-m simulator" in c for c in commands
             )
 
