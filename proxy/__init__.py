@@ -53,17 +53,22 @@ A request, in the order it is served:
 - ``compat.llama_errors``: llama-server's error answers, read (their ``error`` object).
 - ``compat.template_refusal``: a chat template's refusal (a 500) relayed as the 400 it is.
 - ``serving.exchange``: one generation: route, forward (retrying before the first byte), relay.
-- ``routing.router``: the routing brain's state and glue: a backend and depth per request.
+- ``routing.views``: what routing reads of a backend; ``serving.backends`` implements it.
+- ``routing.router``: the routing brain's glue: a Route per request, its run, its Outcome.
 - ``routing.features``: one pass over the body -> RequestFeatures (size, kind, session).
 - ``routing.classes``: a request class (context bucket x content kind), the unit of learning.
+- ``routing.sessions``: which backend holds each session's prompt cache.
+- ``routing.slot_caches``: which sessions' prompt caches each backend holds.
 - ``routing.policy``: the pure decision for the pool shape (one process per profile).
 - ``routing.depth``: the pure decision for one process: its replica and the request's depth.
 - ``routing.choice``: the steps both policies share (estimates, cold roles, exploration).
-- ``routing.busy``: the depth a busy process runs at, learned per depth while busy.
+- ``routing.load``: a process's recent admissions: the load and context they brought.
+- ``routing.busy``: the busy epochs: the depth a busy process runs at, and their bookkeeping.
+- ``routing.depth_clock``: how long a process ran busy at one depth only, per request.
 - ``routing.calibration``: a backend's start-up calibration as data, and its cold rules.
 - ``routing.calibrate``: the start-up calibration's requests, before a backend is ready.
 - ``routing.collapse``: the acceptance-collapse guard (depth 0, drafting trials, back-off).
-- ``routing.slot_caches``: which sessions' prompt caches each backend holds.
+- ``routing.collapse_guards``: every backend's guard; a finished request's fate.
 - ``serving.admission``: the per-model queue in front of the backends' slots.
 - ``serving.depth_field``: the per-request depth spliced into the body.
 - ``serving.forward``: forwarding to one backend and relaying its answer byte for byte.
@@ -72,7 +77,7 @@ A request, in the order it is served:
 - ``serving.expect``: the Expect header answered on every route, refusals in the API's shape.
 - ``compat.overflow``: llama-server's context overflow -> each API's canonical error.
 - ``routing.telemetry``: timings and usage read from the answer -> Observation.
-- ``routing.spec_counters``: draft acceptance from /metrics for APIs without timings.
+- ``serving.spec_counters``: draft acceptance from /metrics for APIs without timings.
 - ``routing.stats``: decayed statistics per (model, class, profile, load); the state file.
 - ``observability.bookkeeping``: what no client waits for (statistics, metrics, log lines), batched.
 - ``observability.request_log``: a request's id and its logger.

@@ -19,22 +19,25 @@ __all__ = [
     "Dialect",
     "dialect_of",
     "dialect_of_path",
+    "twins",
 ]
 
 Api = Literal["chat", "completions", "responses", "messages"]
 Dialect = Literal["openai", "anthropic"]
 
+
+def twins(*paths: str) -> tuple[str, ...]:
+    """Each path as ``/v1/PATH`` and as ``/PATH``: llama-server serves both alike."""
+    return tuple(twin for path in paths for twin in (f"/v1/{path}", f"/{path}"))
+
+
 API_OF_PATH: dict[str, Api] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/responses": "responses",
+    **dict.fromkeys(twins("chat/completions"), "chat"),
+    **dict.fromkeys(twins("completions"), "completions"),
+    **dict.fromkeys(twins("responses"), "responses"),
     "/v1/messages": "messages",
-    # llama-server serves these too; routed like their /v1 twins (/completion and /completions
-    # are its native completion API: same prompt, its own answer shape, timings included).
-    "/chat/completions": "chat",
-    "/completions": "completions",
+    # llama-server's native completion API: same prompt, its own answer shape, timings included.
     "/completion": "completions",
-    "/responses": "responses",
     # llama-server's code infill: /completion's answer for a prefix and a suffix (it generates,
     # so it takes a slot and a depth like any completion).
     "/infill": "completions",

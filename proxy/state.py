@@ -23,11 +23,11 @@ from proxy.observability.metrics import ProxyMetrics
 from proxy.observability.recent import RecentRequests
 from proxy.plans.plan import ModelPlan
 from proxy.routing.router import Router
-from proxy.routing.spec_counters import SpecCounterTracker
 from proxy.serving.admission import Admission
-from proxy.serving.backends import LiveBackends
+from proxy.serving.backends import LiveBackend, LiveBackends
 from proxy.serving.forward import Timeouts
 from proxy.serving.model_names import ModelCatalog
+from proxy.serving.spec_counters import SpecCounterTracker
 from supervisor.supervisor import Supervisor
 from supervisor.template_check import LateSystem
 
@@ -51,7 +51,7 @@ class ProxyState:
     metrics: ProxyMetrics
     backends: LiveBackends
     models: ModelCatalog
-    router: Router
+    router: Router[LiveBackend]
     timeouts: Timeouts
     admission: Admission
     plans: dict[str, ModelPlan] = field(default_factory=dict)

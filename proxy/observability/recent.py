@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     from proxy.routing.router import Route
     from proxy.routing.telemetry import Observation
+    from proxy.routing.views import BackendView
 
 
 class Finished(NamedTuple):
@@ -92,7 +93,7 @@ class RecentRequests:
         status: int,
         elapsed: float,
         stream: bool,
-        route: Route | None,
+        route: Route[BackendView] | None,
         observation: Observation | None,
         *,
         session_key: str | None = None,

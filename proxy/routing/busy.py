@@ -21,19 +21,28 @@ backend's single-depth clock), per cell (class label, load level, profile). A co
 certainty in requests, not seconds; a class measured at the reference depth only counts at the
 measured classes' gap shrunk toward ``PRIOR_GAP``.
 
-Pure: the state is data, the choice is a function of it. Why each rule, and what it was measured
-to do: docs/routing.md ("Busy epochs").
+``BusyEpochs`` keeps the epochs of every process: it picks the next epoch's depth where requests
+are routed, counts each admission into an epoch once, while the request runs, and turns a finished
+request's run (``depth_clock.DepthRecord``) into a speed at its depth. The rules above are pure:
+the state is data, the choice is a function of it. Why each rule, and what it was measured to do:
+docs/routing.md ("Busy epochs").
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from proxy.routing.classes import RequestClass
+from proxy.config.routing import RoutingSettings, decay_factor
+from proxy.routing.calibration import Calibration
+from proxy.routing.classes import RequestClass, bucket_contexts, load_level
+from proxy.routing.depth_clock import DepthRecord
+from proxy.routing.features import RequestFeatures
+from proxy.routing.load import RecentLoad
 
 ENTER = 0.8
 """Probability that the deepest depth is faster, above which a cold process moves to it."""
@@ -305,3 +314,143 @@ def next_busy_depth(
     if still_open and calm and state.outstanding(deep) <= epoch / 2:
         return Epoch(deep, exploring=True)
     return Epoch(cold)
+
+
+class BusyEpochs:
+    """The busy epochs of the processes serving per-request depths (backend name -> its
+    ``BusyDepths``, saved with what was learned: ``LearnedStats.busy``)."""
+
+    def __init__(self, settings: RoutingSettings, states: dict[str, BusyDepths]) -> None:
+        self.settings = settings
+        self.states = states
+
+    def depth(
+        self,
+        backend: str,
+        depths: Mapping[str, int],
+        slots: int,
+        recent: RecentLoad,
+        calibration: Calibration | None,
+        features: RequestFeatures,
+        *,
+        calm: bool,
+    ) -> str | None:
+        """The depth of the backend's current busy epoch; the next epoch's once it ran out.
+
+        Cold, the process starts at ``cold_busy_role``, or where its start-up calibration
+        measured the faster depth at the load level it is busy at (its recent load: 2-3
+        decoding or 4+), carried to the context and content it serves; when that is not
+        ``cold_busy_role``, the other depth's first epoch comes as soon as the cold one has its
+        samples, idle process or not. Once the process has compared the two depths the cold
+        pick holds (``held_cold``). The calibration's gap carried to each class's context is
+        the prior of the classes not yet run at the other depth."""
+        state = self.states.setdefault(backend, BusyDepths())
+        if state.profile is None or state.left <= 0 or calm:
+            self._next_epoch(state, depths, slots, recent, calibration, features, calm=calm)
+        return state.profile
+
+    def _next_epoch(
+        self,
+        state: BusyDepths,
+        depths: Mapping[str, int],
+        slots: int,
+        recent: RecentLoad,
+        calibration: Calibration | None,
+        features: RequestFeatures,
+        *,
+        calm: bool,
+    ) -> None:
+        settings = self.settings
+        level = load_level(min(max(recent.load, 2.0), slots), settings)
+        context, kinds = self._context(recent, features)
+        role = calibration.cold_role(level, context, kinds) if calibration else None
+        cold = settings.role_profile(role or settings.cold_busy_role)
+        shallowest = min(depths, key=lambda p: (depths[p], p))
+        deepest = max(depths, key=lambda p: (depths[p], p))
+        first = cold if cold in depths else shallowest
+        if state.cold in depths:
+            first = held_cold(state, first)
+        # The other depth measured: the deepest, or the shallowest when the cold pick is the
+        # deepest (cold_busy_role = "max" still learns whether plain decoding is faster).
+        other = deepest if first != deepest else shallowest
+        epoch = next_busy_depth(
+            state,
+            first,
+            other,
+            settings.min_samples,
+            settings.busy_epoch_admissions,
+            calm=calm,
+            priors=self._priors(calibration, other == deepest),
+            confirm=role is not None and role != settings.cold_busy_role,
+        )
+        state.profile, state.exploring, state.cold = epoch.profile, epoch.exploring, first
+        state.left = epoch.admissions or settings.busy_epoch_admissions
+
+    def _context(
+        self, recent: RecentLoad, features: RequestFeatures
+    ) -> tuple[float, dict[str, float] | None]:
+        """The context a busy process's requests decode at, and their content (kind -> share
+        of their tokens), with the request being admitted counted."""
+        decay = 0.5 ** (1.0 / self.settings.load_half_life_requests)
+        context = recent.context.admit(features.est_prompt_tokens, decay, features.kind)
+        return context.tokens(float(self.settings.long_context_tokens)), context.kinds()
+
+    def _priors(self, calibration: Calibration | None, deeper: bool) -> Prior | None:
+        """The calibrated log gap of the epochs' other depth against the cold one, per class
+        and busy level, carried to the class's context: deepest vs depth 0 (``deeper``), or its
+        opposite."""
+        if calibration is None:
+            return None
+        contexts = bucket_contexts(self.settings.context_buckets)
+
+        def prior(label: str, level: int) -> float | None:
+            bucket, _, kind = label.partition("/")
+            context = contexts.get(bucket, 0.0)
+            gap = calibration.log_gap(level, context, kind or None) if level > 1 else None
+            return None if gap is None else (gap if deeper else -gap)
+
+        return prior
+
+    @contextmanager
+    def admission(self, backend: str, profile: str) -> Iterator[None]:
+        """A request admitted into ``backend``'s busy epoch at ``profile``, for as long as it
+        runs: counted once when it starts (the epoch has one admission less), and as finished
+        when it ends, however it ends."""
+        state = self.states.get(backend)
+        if state is None:
+            yield
+            return
+        state.left -= 1
+        state.sent[profile] += 1
+        try:
+            yield
+        finally:
+            state.finished[profile] += 1
+
+    def sample(
+        self,
+        backend: str,
+        cls: RequestClass,
+        profile: str,
+        run: DepthRecord,
+        speed: float,
+        output_tokens: int,
+    ) -> Callable[[], None] | None:
+        """What a finished request at ``profile`` teaches its process's epochs, to apply when
+        it is learned from; None if nothing. Its time at one depth counts, no more than it
+        spent decoding (not its prefill); streamed, its speed over that time alone."""
+        state = self.states.get(backend)
+        if state is None or not self.settings.learning or speed <= 0 or output_tokens <= 0:
+            return None
+        scale = self.settings.clock_scale
+        seconds = min(run.seconds * scale, output_tokens / speed)
+        if run.tokens > 0 and run.seconds > 0:
+            seconds = run.seconds * scale
+            speed = run.tokens / seconds
+        level = load_level(run.load, self.settings)
+        decay = decay_factor(self.settings.half_life_samples)
+
+        def learn() -> None:
+            state.observe(cls, level, profile, speed, seconds, decay)
+
+        return learn

@@ -226,26 +226,34 @@ class _Choice:
         # What exploration counts as known: the trend's estimates (a prediction at this very
         # context), or only the class's own (a neighbour's level is a prior, not a measurement).
         self.known = self.trusted() if trend else own
-        unknown = [p for p in depths if p not in self.known]
-        self.beyond_reach = _beyond_reach(
-            unknown, self.known, view_of, cls, settings, tokens, extra
-        )
-        """Depths without an estimate that cannot win here: never faster than where they were
-        measured at a shorter context (the alone calibration, a shorter bucket), and that is
-        below the best known prediction at this context. Not explored here (the trend's
-        crossover is where they can win: off on setup-b past ~60k, not at 20k)."""
-        wanted = [p for p in unknown if p not in self.beyond_reach]
-        self.cold = self.source != cls or bool(wanted)
-        """Explore at the cold rate: placed by a neighbour's level, or while a depth that could
-        win here is not known (no line, fewer than ``min_samples`` of the class's own): it
-        cannot be ranked. Whether the class is placed by the context trend or by its own two
-        trusted depths: after a change (``stats.CHANGE_LIMIT``) the race back to two trusted
-        depths was often won by the two drafting ones, and depth 0, the fastest then but a few
-        requests short, was tried at the steady 5 % only. Bounded: a depth measured below the
-        best known one is beyond reach, not wanted."""
+        self._reach(view_of, extra)
         self.out = choice.expected_output_tokens(self.est, features.max_tokens, settings)
         rates = [e.prefill_tok_s for e in self.est.values() if e.prefill_tok_s]
         self.prefill_tok_s = sum(rates) / len(rates) if rates else None
+
+    def _reach(
+        self,
+        view_of: Callable[[RequestClass], Mapping[str, Estimate]],
+        extra: Mapping[str, tuple[float, float]] | None,
+    ) -> None:
+        """Which unknown depths cannot win here (``beyond_reach``), and whether the class is
+        still cold (``cold``)."""
+        unknown = [p for p in self.depths if p not in self.known]
+        tokens = self.f.est_prompt_tokens
+        self.beyond_reach = _beyond_reach(
+            unknown, self.known, view_of, self.cls, self.s, tokens, extra
+        )
+        """Depths without an estimate that cannot win here: never faster than where they were
+        measured at a shorter context (the alone calibration, a shorter bucket), and that is
+        below the best known prediction at this context. Not explored here (docs/routing.md,
+        "Exploration")."""
+        wanted = [p for p in unknown if p not in self.beyond_reach]
+        self.cold = self.source != self.cls or bool(wanted)
+        """Explore at the cold rate: placed by a neighbour's level, or while a depth that could
+        win here is not known (no line, fewer than ``min_samples`` of the class's own): it
+        cannot be ranked, whether the class is placed by the context trend or by its own two
+        trusted depths (docs/routing.md, "Exploration"). Bounded: a depth measured below the
+        best known one is beyond reach, not wanted."""
 
     def trusted(self) -> dict[str, Estimate]:
         return {p: e for p, e in self.est.items() if e.trusted}

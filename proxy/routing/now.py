@@ -2,14 +2,18 @@
 
 For the live page (/admin/depths), `mtp-proxy status` and the metric
 ``mtp_proxy_backend_busy_depth``. It reads the router's state and changes nothing: the epoch's
-next depth is still chosen where requests are routed (``Router._busy_depth``).
+next depth is still chosen where requests are routed (``BusyEpochs.depth``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from proxy.routing.router import Router
+from proxy.routing.views import BackendView
+
+V = TypeVar("V", bound=BackendView)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +41,7 @@ class BusyEpoch:
         }
 
 
-def busy_epochs(router: Router) -> dict[str, BusyEpoch]:
+def busy_epochs(router: Router[V]) -> dict[str, BusyEpoch]:
     """Backend name -> its busy epoch, for the one-process backends that have been busy."""
     epochs = {}
     for name, busy in router.stats.busy.items():

@@ -14,7 +14,7 @@ the stream has ended.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import orjson
@@ -347,17 +347,32 @@ def make_observation(
     sent_at: float,
     done_at: float,
     spec_delta: SpecCounters | None = None,
+    clock_scale: float = 1.0,
 ) -> Observation:
     """Combine parsed usage with the proxy's clock (and, where the request ran alone on its
-    backend, the /metrics counter delta) into one observation."""
-    first, last = usage.first_token_at, usage.last_token_at
-    ttft = first - sent_at if first is not None else None
-    total = done_at - sent_at
+    backend, the /metrics counter delta) into one observation. ``clock_scale``: the proxy's
+    clock runs that many times slower than the backend's (a time-compressed simulator,
+    ``routing.clock_scale``): every span it measured is scaled to the backend's seconds."""
+    first = usage.first_token_at
+    ttft = (first - sent_at) * clock_scale if first is not None else None
+    common = Observation(
+        backend=backend,
+        profile=profile,
+        request_class=request_class,
+        context_tokens=usage.input_tokens,
+        cached_tokens=usage.cached_tokens,
+        output_tokens=usage.output_tokens,
+        draft_n=None,
+        draft_n_accepted=None,
+        decode_tok_s=None,
+        prefill_s=ttft,  # includes the network hop and any queueing: an upper bound
+        ttft_s=ttft,
+        total_s=(done_at - sent_at) * clock_scale,
+        source="usage+clock",
+    )
     if usage.has_timings:
-        return Observation(
-            backend=backend,
-            profile=profile,
-            request_class=request_class,
+        return replace(
+            common,
             context_tokens=(usage.prompt_n or 0) + (usage.cache_n or 0),
             cached_tokens=usage.cache_n,
             output_tokens=usage.predicted_n,
@@ -365,36 +380,31 @@ def make_observation(
             draft_n_accepted=usage.draft_n_accepted,
             decode_tok_s=_rate(usage.predicted_n, (usage.predicted_ms or 0.0) / 1000.0),
             prefill_s=usage.prompt_ms / 1000.0 if usage.prompt_ms is not None else None,
-            ttft_s=ttft,
-            total_s=total,
             source="timings",
         )
-    out = usage.output_tokens
+    return _with_counters(common, usage, spec_delta, clock_scale)
+
+
+def _with_counters(
+    observation: Observation,
+    usage: ParsedUsage,
+    spec_delta: SpecCounters | None,
+    clock_scale: float,
+) -> Observation:
+    """An answer without timings: its decode speed from the proxy's clock, or from the
+    backend's /metrics counters where they moved for this request alone, with its drafts."""
+    first, last, out = usage.first_token_at, usage.last_token_at, usage.output_tokens
     decode = None
     if first is not None and last is not None and out is not None and out > 1:
         # The first token arrives with the prefill; the rest take (last - first).
-        decode = _rate(out - 1, last - first)
-    drafted = accepted = None
+        decode = _rate(out - 1, (last - first) * clock_scale)
     # A counter reset (backend restart) shows as a negative delta: unknown then.
-    if spec_delta is not None and min(spec_delta.draft_tokens, spec_delta.accepted_tokens) >= 0:
-        drafted, accepted = int(spec_delta.draft_tokens), int(spec_delta.accepted_tokens)
-        # The backend's own decode clock, exact for a request that ran alone: the proxy's
-        # clock adds the relay's and the network's jitter to every token's time.
-        tokens, seconds = spec_delta.predicted_tokens, spec_delta.predicted_seconds
-        if tokens is not None and seconds is not None and tokens >= 2 and seconds > 0:
-            decode = tokens / seconds
-    return Observation(
-        backend=backend,
-        profile=profile,
-        request_class=request_class,
-        context_tokens=usage.input_tokens,
-        cached_tokens=usage.cached_tokens,
-        output_tokens=out,
-        draft_n=drafted,
-        draft_n_accepted=accepted,
-        decode_tok_s=decode,
-        prefill_s=ttft,  # includes the network hop and any queueing: an upper bound
-        ttft_s=ttft,
-        total_s=total,
-        source="usage+clock",
-    )
+    if spec_delta is None or min(spec_delta.draft_tokens, spec_delta.accepted_tokens) < 0:
+        return replace(observation, decode_tok_s=decode)
+    drafted, accepted = int(spec_delta.draft_tokens), int(spec_delta.accepted_tokens)
+    # The backend's own decode clock, exact for a request that ran alone: the proxy's clock
+    # adds the relay's and the network's jitter to every token's time.
+    tokens, seconds = spec_delta.predicted_tokens, spec_delta.predicted_seconds
+    if tokens is not None and seconds is not None and tokens >= 2 and seconds > 0:
+        decode = tokens / seconds
+    return replace(observation, draft_n=drafted, draft_n_accepted=accepted, decode_tok_s=decode)

@@ -16,9 +16,17 @@ from structlog.typing import FilteringBoundLogger
 from proxy.apis import CLIENT_CLOSED, DEPTH_KEY, Api, dialect_of
 from proxy.compat.request import Chained, RequestMends, Rewriter
 from proxy.observability.request_log import LOGGED, request_id, request_logger
-from proxy.routing.router import CLIENT_PROFILE, Route
-from proxy.routing.telemetry import Observation, ParsedUsage, SpecCounters, StreamTelemetry
+from proxy.routing.depth_clock import DepthRecord
+from proxy.routing.router import Outcome, Route
+from proxy.routing.telemetry import (
+    Observation,
+    ParsedUsage,
+    SpecCounters,
+    StreamTelemetry,
+    parse_body,
+)
 from proxy.serving.admission import QueueRefused
+from proxy.serving.backends import LiveBackend
 from proxy.serving.depth_field import with_depth
 from proxy.serving.errors import error_response
 from proxy.serving.forward import (
@@ -60,7 +68,7 @@ class Exchange:
         self.features = state.router.features(api, model, body, request.headers)
         self.features_model = body.get("model")
         self.sink: StreamTelemetry | None = None
-        self.route: Route | None = None
+        self.route: Route[LiveBackend] | None = None
         self.relayed: Relayed | None = None  # the current attempt's, once its answer started
         self.sent_at = received
         self.sequence = 0
@@ -68,10 +76,7 @@ class Exchange:
         self.own_depth = DEPTH_KEY in body  # the client chose its depth: it is not replaced
         depth = body.get(DEPTH_KEY)
         self.client_depth = None if isinstance(depth, bool) or not isinstance(depth, int) else depth
-        self.ran_mixed = False  # decoded beside another depth on its process (not learned from)
-        self.single_depth_s = 0.0  # ... and how long it ran busy beside its own depth only
-        self.single_depth_load = 0.0  # ... with how many decoding then, on average
-        self.single_depth_events = 0  # ... and the stream events (tokens) it got then
+        self.depth_run = DepthRecord()  # what its run says about its depth (routing.depth_clock)
         self.others_at_end: int | None = None  # requests on its backend when it ended
         self.failed: dict[str, int] = {}  # backend -> generation that failed before answering
         self._rechecks: dict[str, asyncio.TimerHandle] = {}  # ... to be tried again at its end
@@ -216,7 +221,7 @@ class Exchange:
             )
         return None
 
-    async def _wait_for(self, route: Route) -> web.Response | None:
+    async def _wait_for(self, route: Route[LiveBackend]) -> web.Response | None:
         """The policy kept a session on its cache holder although it is full (waiting there was
         judged cheaper than processing the prompt again elsewhere): wait here for a slot of it,
         in order, in a lane of its own, rather than send the request past its slots, where
@@ -242,7 +247,7 @@ class Exchange:
         self._refused(status, message)
         return error_response(self.dialect, status, message, retry_after=_RETRY_AFTER_S)
 
-    async def _attempt(self, route: Route) -> web.StreamResponse:
+    async def _attempt(self, route: Route[LiveBackend]) -> web.StreamResponse:
         state = self.state
         backend = route.backend
         headers = upstream_headers(
@@ -252,16 +257,14 @@ class Exchange:
         body = self._mended(backend.name)
         if route.depth is not None and not self.own_depth:
             body = with_depth(body, route.depth)
-        with state.backends.lease(backend, route.profile, prefill=self.features.stream) as lease:
+        prefill = self.features.stream
+        with state.backends.lease(backend), state.router.running(route, prefill=prefill) as run:
             self.sequence = sequence = backend.started_total
             self.sent_at = sent_at = time.perf_counter()
             response = await open_upstream(state.client(), url, body, headers, state.timeouts)
             async with response:
-                out, relayed = await self._relay(response, route, lease.streamed)
-            self.ran_mixed = lease.ran_mixed
-            self.single_depth_s = lease.single_depth_s()
-            self.single_depth_load = lease.single_depth_load()
-            self.single_depth_events = lease.single_depth_events
+                out, relayed = await self._relay(response, route, run.streamed)
+            self.depth_run = run.record()
         # Read now, not in the deferred bookkeeping: by then a client that sends its next
         # request at once (one person's agent) has it in flight, and a request that ran alone
         # was learned as one that ran beside another (routing.router, load levels).
@@ -292,7 +295,10 @@ class Exchange:
             await sent(self.request, out.write_eof(), send_s)
 
     async def _relay(
-        self, response: aiohttp.ClientResponse, route: Route, on_chunk: Callable[[bytes], None]
+        self,
+        response: aiohttp.ClientResponse,
+        route: Route[LiveBackend],
+        on_chunk: Callable[[bytes], None],
     ) -> tuple[web.StreamResponse, Relayed]:
         extra = {
             "X-MTP-Profile": route.profile,
@@ -301,7 +307,7 @@ class Exchange:
         }
         timeouts = self.state.timeouts
         if is_event_stream(response):
-            self.sink = self.state.router.stream_telemetry(self.api)
+            self.sink = StreamTelemetry(self.api)
             self.relayed = Relayed(status=response.status, streamed=True)
             indexer: Rewriter | None = None
             if self.api == "responses" and self.state.settings.compat.responses_stream_indices:
@@ -338,11 +344,17 @@ class Exchange:
         return named if isinstance(named, str) and named else self.model
 
     def _record(
-        self, route: Route, relayed: Relayed, sent_at: float, done_at: float, sequence: int
+        self,
+        route: Route[LiveBackend],
+        relayed: Relayed,
+        sent_at: float,
+        done_at: float,
+        sequence: int,
     ) -> None:
         state = self.state
         state.metrics.overhead.labels(self.api).observe(sent_at - self.received)
-        usage = state.router.usage(self.api, relayed, self.sink, done_at)
+        sink = self.sink if relayed.streamed else None
+        usage = sink.result(done_at) if sink is not None else parse_body(self.api, relayed.body)
         self._count(route.profile, route.class_label, relayed.status)
         elapsed = done_at - self.received
         state.metrics.latency.labels(self.model, self.api, route.profile).observe(elapsed)
@@ -367,7 +379,7 @@ class Exchange:
 
     async def _observe_with_counters(
         self,
-        route: Route,
+        route: Route[LiveBackend],
         relayed: Relayed,
         elapsed: float,
         usage: ParsedUsage,
@@ -383,35 +395,29 @@ class Exchange:
 
     def _observe(
         self,
-        route: Route,
+        route: Route[LiveBackend],
         usage: ParsedUsage,
         sent_at: float,
         done_at: float,
         spec_delta: SpecCounters | None = None,
     ) -> Observation:
-        unprofiled = route.profile == CLIENT_PROFILE
-        observation = self.state.router.observe(
+        outcome = Outcome(
             route,
             self.features,
             usage,
-            sent_at=sent_at,
-            done_at=done_at,
-            spec_delta=spec_delta,
-            # A per-request depth is learned from runs at that depth alone: beside another
-            # depth the speed is the mix's (routing.depth). A client's own depth is learned as
-            # the profile of that depth, if one has it (Router.client_depth).
-            learn=route.depth is None or not (unprofiled or self.ran_mixed),
-            single_depth_s=0.0 if unprofiled else self.single_depth_s,
-            single_depth_load=self.single_depth_load,
-            single_depth_tokens=self.single_depth_events,
-            others_at_end=self.others_at_end,
+            sent_at,
+            done_at,
+            self.depth_run,
+            self.others_at_end,
+            spec_delta,
         )
+        observation = self.state.router.observe(outcome)
         self.state.metrics.record_observation(self.model, route.profile, observation)
         return observation
 
     def _log(
         self,
-        route: Route,
+        route: Route[LiveBackend],
         relayed: Relayed,
         elapsed: float,
         usage: ParsedUsage,
@@ -484,7 +490,7 @@ class Exchange:
         self,
         status: int,
         elapsed: float,
-        route: Route | None = None,
+        route: Route[LiveBackend] | None = None,
         observation: Observation | None = None,
         stream: bool = False,
         output_tokens: int | None = None,
@@ -507,7 +513,7 @@ class Exchange:
             error=error,
         )
 
-    def _where(self, route: Route) -> dict[str, str]:
+    def _where(self, route: Route[LiveBackend]) -> dict[str, str]:
         return {
             "model": self.model,
             "profile": route.profile,

@@ -8,6 +8,7 @@ finished requests (proxy.observability.recent). Nothing here runs on a request's
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -41,7 +42,8 @@ def depths_view(state: ProxyState) -> dict[str, Any]:
         last = state.recent.last_of_backend.get(backend.name)
         epoch = epochs.get(backend.name)
         one_process = backend.model in state.router.per_request
-        depth, why = _now(backend, one_process, depths, epoch, last)
+        decoding = state.router.decoding(backend.name)
+        depth, why = _now(backend, decoding, one_process, depths, epoch, last)
         rows.append(
             {
                 "name": backend.name,
@@ -52,12 +54,12 @@ def depths_view(state: ProxyState) -> dict[str, Any]:
                 "slots": backend.slots,
                 "decoding": [
                     {"profile": p, "depth": depths.get(p), "requests": n}
-                    for p, n in sorted(backend.decoding.items())
+                    for p, n in sorted(decoding.items())
                 ],
                 "busy": epoch.as_json() if epoch else None,
                 "last": as_json(last, depth_of) if last else None,
                 "depth": depth,
-                "now": _shown(depth, backend),
+                "now": _shown(depth, backend, decoding),
                 "why": why,
             }
         )
@@ -66,6 +68,7 @@ def depths_view(state: ProxyState) -> dict[str, Any]:
 
 def _now(
     backend: LiveBackend,
+    decoding: Mapping[str, int],
     one_process: bool,
     depths: dict[str, int],
     epoch: BusyEpoch | None,
@@ -75,7 +78,6 @@ def _now(
     at once) and why, in words."""
     if not one_process:
         return depths.get(backend.profile), f"pool: this process runs {backend.profile} only"
-    decoding = backend.decoding
     if len(decoding) > 1:
         mix = ", ".join(f"{p} x{n}" for p, n in sorted(decoding.items()))
         return None, f"mixed depths decoding: {mix}"
@@ -89,11 +91,11 @@ def _now(
     return None, _not_decoding(backend.in_flight, epoch)
 
 
-def _shown(depth: int | None, backend: LiveBackend) -> str:
+def _shown(depth: int | None, backend: LiveBackend, decoding: Mapping[str, int]) -> str:
     """The depth now in one word, as the page and `status` show it."""
     if depth is not None:
         return str(depth)
-    if backend.decoding:
+    if decoding:
         return "mixed"
     return "prompt" if backend.in_flight else "idle"
 

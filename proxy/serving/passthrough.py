@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.apis import Dialect, dialect_of_path
+from proxy.apis import Dialect, dialect_of_path, twins
 from proxy.compat.request import counted_body
 from proxy.observability.access_log import LOG_FIELDS
 from proxy.observability.metrics import UNROUTED
@@ -48,36 +48,17 @@ from proxy.serving.handlers import answer_and_close
 from proxy.serving.model_names import unknown_model_message
 from proxy.state import STATE, ProxyState
 
+COMPUTED = frozenset({*twins("embeddings", "rerank", "reranking"), "/embedding"})
+"""Forwarded routes that llama-server computes on its slots: they take one through admission."""
 FORWARDED_POST = (
     "/v1/messages/count_tokens",
-    "/v1/responses/input_tokens",
-    "/responses/input_tokens",
-    "/v1/chat/completions/input_tokens",
-    "/chat/completions/input_tokens",
+    *twins("responses/input_tokens", "chat/completions/input_tokens"),
     "/tokenize",
     "/detokenize",
     "/apply-template",
-    "/v1/embeddings",
-    "/embeddings",
-    "/embedding",
-    "/v1/rerank",
-    "/rerank",
-    "/v1/reranking",
-    "/reranking",
+    *sorted(COMPUTED),
 )
 FORWARDED_GET = ("/props", "/lora-adapters")
-COMPUTED = frozenset(
-    {
-        "/v1/embeddings",
-        "/embeddings",
-        "/embedding",
-        "/v1/rerank",
-        "/rerank",
-        "/v1/reranking",
-        "/reranking",
-    }
-)
-"""Forwarded routes that llama-server computes on its slots: they take one through admission."""
 _RETRY_AFTER_S = 2.0
 # (method, path) pairs that change a backend's state; "*" is any method.
 REFUSED = (
@@ -199,8 +180,8 @@ async def _forward_computed(
                 continue  # the slot went to another request between wake-up and now
             backend = _candidates(free)[0]
             request[LOG_FIELDS]["backend"] = backend.name
-            # prefill: it decodes at no depth, but holds a slot until its answer is out
-            with backends.lease(backend, prefill=True):
+            # It decodes at no depth, but holds a slot until its answer is out.
+            with backends.lease(backend):
                 return await _relay(request, backend, raw)
         except UpstreamUnavailable:
             tried.add(backend.name)

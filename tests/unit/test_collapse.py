@@ -18,7 +18,7 @@ from proxy.routing.collapse import (
     suspect,
 )
 from proxy.routing.features import RequestFeatures
-from proxy.routing.router import PerRequestModel, Route, Router
+from proxy.routing.router import Outcome, PerRequestModel, Route, Router
 from proxy.routing.telemetry import ParsedUsage
 from proxy.serving.backends import LiveBackends
 from supervisor.spec import BackendSpec
@@ -135,7 +135,7 @@ def _answered(router: Router, route: Route, n: int, accepted: int) -> None:
         draft_n=drafted,
         draft_n_accepted=accepted if drafted else None,
     )
-    router.observe(route, _features(n), usage, sent_at=0.0, done_at=12.0)
+    router.observe(Outcome(route, _features(n), usage, sent_at=0.0, done_at=12.0))
 
 
 def _route(router: Router, n: int) -> Route:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 
 import pytest
@@ -11,11 +13,13 @@ import pytest
 from proxy.config.routing import RoutingSettings
 from proxy.routing.busy import BusyDepths
 from proxy.routing.classes import classify
+from proxy.routing.depth_clock import DecodeRun, DepthClock, DepthRecord
 from proxy.routing.features import RequestFeatures
-from proxy.routing.router import PerRequestModel, Route, Router
+from proxy.routing.load import RecentLoad
+from proxy.routing.router import Outcome, PerRequestModel, Route, Router
 from proxy.routing.slot_caches import SlotCaches
-from proxy.routing.telemetry import ParsedUsage
-from proxy.serving.backends import LiveBackends
+from proxy.routing.telemetry import Observation, ParsedUsage
+from proxy.serving.backends import LiveBackend, LiveBackends
 from supervisor.spec import BackendSpec
 from supervisor.states import BackendState
 
@@ -33,6 +37,30 @@ def _features(session: str, tokens: int = 500) -> RequestFeatures:
         has_tools=False,
         pinned_profile=None,
     )
+
+
+def _observe(
+    router: Router[LiveBackend],
+    route: Route[LiveBackend],
+    features: RequestFeatures,
+    usage: ParsedUsage,
+    *,
+    sent_at: float,
+    done_at: float,
+    run: DepthRecord | None = None,
+    others_at_end: int | None = None,
+) -> Observation:
+    outcome = Outcome(route, features, usage, sent_at, done_at, run or DepthRecord(), others_at_end)
+    return router.observe(outcome)
+
+
+@contextmanager
+def _serving(
+    router: Router[LiveBackend], route: Route[LiveBackend], *, prefill: bool = False
+) -> Iterator[DecodeRun]:
+    """As the exchange serves a route: a slot of its backend and a run on its process."""
+    with router.backends.lease(route.backend), router.running(route, prefill=prefill) as run:
+        yield run
 
 
 def _sessions_routed(router: Router, prefix: str, n: int) -> list[Route]:
@@ -124,14 +152,14 @@ def test_clock_scale_and_learning_switch() -> None:
     route = router.route("m", f, exclude=())
     assert route is not None
     usage = ParsedUsage(output_tokens=101, first_token_at=10.0, last_token_at=12.0)
-    obs = router.observe(route, f, usage, sent_at=9.0, done_at=12.0)
+    obs = _observe(router, route, f, usage, sent_at=9.0, done_at=12.0)
     assert obs.decode_tok_s == 100 / (2.0 * 50.0)  # proxy seconds -> backend seconds
     assert obs.total_s == 3.0 * 50.0
     assert router.stats.table()  # learned
     off = _router(RoutingSettings(learning=False))
     route = off.route("m", f, exclude=())
     assert route is not None
-    off.observe(route, f, usage, sent_at=9.0, done_at=12.0)
+    _observe(off, route, f, usage, sent_at=9.0, done_at=12.0)
     assert off.stats.table() == []
 
 
@@ -180,18 +208,18 @@ def test_one_process_routes_a_depth_and_what_decodes_there_fixes_the_next() -> N
         3,
         1,
     )
-    with router.backends.lease(first.backend, first.profile):
-        assert dict(first.backend.decoding) == {"max": 1}
+    with _serving(router, first):
+        assert router.decoding(first.backend.name) == {"max": 1}
         second = router.route("m", _features("b"), exclude=())
         assert second is not None
         # Beside it: the busy epoch's depth, cold off (the epoch, not the newcomer's own pick).
         assert (second.profile, second.depth, second.reason) == ("off", 0, "busy")
-    assert dict(first.backend.decoding) == {}
+    assert dict(router.decoding(first.backend.name)) == {}
     # Mixed depths allowed: the long prompt gets its own depth, at load level 2.
     mixed = _one_process_router(settings, mixed=True)
     held = mixed.route("m", _features("a"), exclude=())
     assert held is not None
-    with mixed.backends.lease(held.backend, held.profile):
+    with _serving(mixed, held):
         other = mixed.route("m", _features("b", tokens=60_000), exclude=())
         assert other is not None and (other.depth, other.level) == (0, 2)
 
@@ -202,9 +230,9 @@ def test_one_process_observations_are_kept_per_load_level() -> None:
     route = router.route("m", _features("a"), exclude=())
     assert route is not None
     usage = ParsedUsage(has_timings=True, prompt_n=500, predicted_n=100, predicted_ms=2000.0)
-    with router.backends.lease(route.backend, route.profile):
+    with _serving(router, route) as run:
         pass
-    router.observe(route, _features("a"), usage, sent_at=0.0, done_at=3.0)
+    _observe(router, route, _features("a"), usage, sent_at=0.0, done_at=3.0, run=run.record())
     rows = router.stats.table()
     assert [(r["class"], r["profile"], r["level"]) for r in rows] == [("<4k/prose@1", "max", 1)]
 
@@ -220,11 +248,18 @@ def test_the_load_at_its_end_is_read_when_it_ended_not_when_it_is_learned() -> N
         router = _one_process_router(settings)
         first = router.route("m", _features("a"), exclude=())
         assert first is not None
-        with router.backends.lease(first.backend, first.profile):
+        with _serving(router, first) as run:
             pass  # it ran alone
-        with router.backends.lease(first.backend, first.profile):  # the next one, already sent
-            router.observe(
-                first, _features("a"), usage, sent_at=0.0, done_at=3.0, others_at_end=at_end
+        with router.backends.lease(first.backend):  # the next one, already sent
+            _observe(
+                router,
+                first,
+                _features("a"),
+                usage,
+                sent_at=0.0,
+                done_at=3.0,
+                run=run.record(),
+                others_at_end=at_end,
             )
         levels += [r["level"] for r in router.stats.table()]
     assert levels == [1, 2]
@@ -234,38 +269,29 @@ def test_one_process_remembers_its_recent_concurrency() -> None:
     settings = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0)
     router = _one_process_router(settings)
     backend = router.backends.get("m/one-copy")
-    assert backend is not None and backend.recent_load == 1.0
+    assert backend is not None and "m/one-copy" not in router.loads
     for n in range(3):
         backend.in_flight = n  # n others decoding when each arrives
         assert router.route("m", _features(f"s{n}"), exclude=()) is not None
-    assert 1.0 < backend.recent_load < 3.0
+    assert 1.0 < router.loads["m/one-copy"].load < 3.0
     backend.in_flight = 0
     idle = router.route("m", _features("later"), exclude=())
     assert idle is not None and idle.level == 1  # decays: one busy moment is not a burst
 
 
 def test_a_request_ran_mixed_if_another_depth_decoded_at_any_time_of_its_run() -> None:
-    router = _one_process_router(RoutingSettings())
-    backend = router.backends.of_model("m")[0]
-    live = router.backends
-    alone = backend.mix_mark("max")
-    with live.lease(backend, "max"):
-        same = backend.mix_mark("max")
-        with live.lease(backend, "max"):
-            pass
-    assert not backend.ran_mixed(alone) and not backend.ran_mixed(same)  # one depth throughout
-    first = backend.mix_mark("max")
-    with live.lease(backend, "max"):
-        later = backend.mix_mark("off")
-        assert later is None  # starts beside max
-        with live.lease(backend, "off"):
-            pass
-        assert backend.ran_mixed(first)  # off came while it decoded
-    assert backend.ran_mixed(later)
-    after = backend.mix_mark("off")
-    with live.lease(backend, "off"):
+    clock = DepthClock()
+    with clock.run("max", prefill=False) as alone, clock.run("max", prefill=False) as same:
         pass
-    assert not backend.ran_mixed(after)  # the mix was over before it started
+    assert not alone.ran_mixed and not same.ran_mixed  # one depth throughout
+    with clock.run("max", prefill=False) as first:
+        with clock.run("off", prefill=False) as later:
+            assert later.mix_mark is None  # starts beside max
+        assert first.ran_mixed  # off came while it decoded
+    assert later.ran_mixed
+    with clock.run("off", prefill=False) as after:
+        pass
+    assert not after.ran_mixed  # the mix was over before it started
 
 
 class _Clock:
@@ -277,40 +303,34 @@ class _Clock:
 
 
 def test_the_single_depth_clock_runs_only_while_the_process_is_busy_at_that_depth() -> None:
-    router = _one_process_router(RoutingSettings())
-    backend = router.backends.of_model("m")[0]
-    backend.clock = clock = _Clock()
-    live = router.backends
-    with live.lease(backend, "max"):
+    depths = DepthClock(clock=(clock := _Clock()))
+    with depths.run("max", prefill=False):
         clock.now = 5.0  # alone: not busy
-        with live.lease(backend, "max"):
+        with depths.run("max", prefill=False):
             clock.now = 8.0  # two at max
-            assert backend.single_depth_seconds("max") == 3.0
-            with live.lease(backend, "off"):
+            assert depths.seconds("max") == 3.0
+            with depths.run("off", prefill=False):
                 clock.now = 20.0  # mixed: neither depth's clock runs
-            assert backend.single_depth_seconds("off") == 0.0
+            assert depths.seconds("off") == 0.0
             clock.now = 21.0
         clock.now = 30.0  # alone again
-    assert backend.single_depth_seconds("max") == 4.0
+    assert depths.seconds("max") == 4.0
 
 
 def test_a_run_at_one_depth_knows_how_many_decoded_beside_it() -> None:
     """The load level a busy run is compared at: the mean number of requests decoding over its
     time at one depth (2 for 6 s, then 4 for 2 s: 2.5), not what it saw when it started."""
-    router = _one_process_router(RoutingSettings())
-    backend = router.backends.of_model("m")[0]
-    backend.clock = clock = _Clock()
-    live = router.backends
-    with live.lease(backend, "max") as run, live.lease(backend, "max"):
+    depths = DepthClock(clock=(clock := _Clock()))
+    with depths.run("max", prefill=False) as run, depths.run("max", prefill=False):
         clock.now = 6.0
-        with live.lease(backend, "max"), live.lease(backend, "max"):
+        with depths.run("max", prefill=False), depths.run("max", prefill=False):
             clock.now = 8.0
-        assert run.single_depth_s() == 8.0
-        assert run.single_depth_load() == pytest.approx((2 * 6.0 + 4 * 2.0) / 8.0)
-        with live.lease(backend, "off"):  # mixed: neither clock runs
+        assert run.record().seconds == 8.0
+        assert run.record().load == pytest.approx((2 * 6.0 + 4 * 2.0) / 8.0)
+        with depths.run("off", prefill=False):  # mixed: neither clock runs
             clock.now = 20.0
-        assert run.single_depth_load() == pytest.approx(2.5)
-    assert run.single_depth_load() == pytest.approx(2.5)
+        assert run.record().load == pytest.approx(2.5)
+    assert run.record().load == pytest.approx(2.5)
 
 
 def test_an_idle_process_starts_a_new_busy_epoch_at_once() -> None:
@@ -324,8 +344,8 @@ def test_an_idle_process_starts_a_new_busy_epoch_at_once() -> None:
     for _ in range(3):
         state.observe(cls, 2, "off", 30.0, 10.0, decay=1.0)
     state.profile, state.left = "off", 6  # an epoch at off with admissions left
-    backend.recent_load = 4.0
-    with router.backends.lease(backend, "off"):
+    router.loads[backend.name] = RecentLoad(load=4.0)
+    with router.backends.lease(backend):
         busy = router.route("m", _features("a"), exclude=())
         assert busy is not None and (busy.profile, busy.reason) == ("off", "busy")
     burst = router.route("m", _features("b"), exclude=())  # idle again: a new epoch
@@ -336,31 +356,27 @@ def test_an_idle_process_starts_a_new_busy_epoch_at_once() -> None:
 def test_a_stream_still_processing_its_prompt_decodes_at_no_depth_yet() -> None:
     """A long prompt at off, still being prefilled beside two requests at max, neither stops the
     max clock nor mixes their depths: it joins the decoding requests at its first token."""
-    router = _one_process_router(RoutingSettings())
-    backend = router.backends.of_model("m")[0]
-    backend.clock = clock = _Clock()
-    live = router.backends
-    with live.lease(backend, "max") as one, live.lease(backend, "max"):
-        with live.lease(backend, "off", prefill=True) as long_prompt:
+    depths = DepthClock(clock=(clock := _Clock()))
+    with depths.run("max", prefill=False) as one, depths.run("max", prefill=False):
+        with depths.run("off", prefill=True) as long_prompt:
             clock.now = 10.0  # its prompt is processed: max alone decodes
-            assert backend.single_depth_seconds("max") == 10.0
-            assert not one.ran_mixed and backend.in_flight == 3
+            assert depths.seconds("max") == 10.0
+            assert not one.ran_mixed
             long_prompt.decoding()  # its first token
             clock.now = 15.0
-            assert backend.single_depth_seconds("max") == 10.0  # mixed from here on
+            assert depths.seconds("max") == 10.0  # mixed from here on
             assert one.ran_mixed
-            assert long_prompt.single_depth_s() == 0.0
-        assert backend.decoding == {"max": 2}
-    assert not backend.decoding and backend.in_flight == 0
+            assert long_prompt.record().seconds == 0.0
+        assert depths.decoding == {"max": 2}
+    assert not depths.decoding
 
 
 def test_a_stream_that_never_sent_a_token_ran_at_no_depth() -> None:
-    router = _one_process_router(RoutingSettings())
-    backend = router.backends.of_model("m")[0]
-    with router.backends.lease(backend, "off", prefill=True) as lease:
-        assert not backend.decoding
-    assert lease.ran_mixed  # nothing to learn from
-    assert lease.single_depth_s() == 0.0 and not backend.decoding
+    depths = DepthClock()
+    with depths.run("off", prefill=True) as run:
+        assert not depths.decoding
+    assert run.record() == DepthRecord(mixed=True)  # nothing to learn from
+    assert not depths.decoding
 
 
 def test_busy_learning_weighs_runs_by_their_time_at_one_depth_not_by_how_fast_they_ended() -> None:
@@ -369,7 +385,7 @@ def test_busy_learning_weighs_runs_by_their_time_at_one_depth_not_by_how_fast_th
     throughout kept the fast one alone, so the deep depth looked faster than it was."""
     router = _one_process_router(RoutingSettings(half_life_samples=1e12))  # no decay here
     backend = router.backends.of_model("m")[0]
-    backend.clock = clock = _Clock()
+    depths = router.clocks[backend.name] = DepthClock(clock=(clock := _Clock()))
     router.stats.busy[backend.name] = state = BusyDepths()
     features = _features("x")
     fast = slow = router.route("m", features, exclude=())
@@ -381,36 +397,16 @@ def test_busy_learning_weighs_runs_by_their_time_at_one_depth_not_by_how_fast_th
             has_timings=True, prompt_n=500, predicted_n=tokens, predicted_ms=seconds * 1000
         )
 
-    slow_lease = router.backends.lease(backend, "max")
-    slow_lease.__enter__()
-    slow_from = backend.single_depth_seconds("max")
-    with router.backends.lease(backend, "max"):
-        fast_from = backend.single_depth_seconds("max")
-        clock.now = 10.0
-        fast_s = backend.single_depth_seconds("max") - fast_from
-    router.observe(
-        fast,
-        features,
-        usage(400, 10.0),
-        sent_at=0,
-        done_at=10,
-        single_depth_s=fast_s,
-        single_depth_load=4.3,  # four or five decoding on average
-    )
-    with router.backends.lease(backend, "off"):  # the next epoch: off beside the slow one
-        clock.now = 30.0
-        slow_s = backend.single_depth_seconds("max") - slow_from
-    slow_lease.__exit__(None, None, None)
-    router.observe(
-        slow,
-        features,
-        usage(600, 30.0),
-        sent_at=0,
-        done_at=30,
-        single_depth_s=slow_s,
-        single_depth_load=3.6,
-        learn=False,
-    )
+    with router.running(slow, prefill=False) as slow_run:
+        with router.running(fast, prefill=False) as fast_run:
+            clock.now = 10.0
+            fast_record = replace(fast_run.record(), load=4.3)  # four or five decoding
+        _observe(router, fast, features, usage(400, 10.0), sent_at=0, done_at=10, run=fast_record)
+        with depths.run("off", prefill=False):  # the next epoch: off beside the slow one
+            clock.now = 30.0
+        slow_record = replace(slow_run.record(), load=3.6)
+    assert slow_record.mixed and slow_record.seconds == 10.0
+    _observe(router, slow, features, usage(600, 30.0), sent_at=0, done_at=30, run=slow_record)
     # Both spent the same 10 s at max only: they weigh alike, at their own speeds (40 and 20).
     cell = state.speeds[(fast.request_class.label, 4, "max")]  # load level 4 (4+)
     assert cell.weight == pytest.approx(2 * 10.0) and cell.requests == pytest.approx(2.0)
@@ -429,33 +425,24 @@ def test_a_busy_speed_is_the_tokens_streamed_while_busy_at_one_depth() -> None:
     requests' whole-run speeds made the deep depth look faster beside others than it was."""
     router = _one_process_router(RoutingSettings(half_life_samples=1e12))
     backend = router.backends.of_model("m")[0]
-    backend.clock = clock = _Clock()
+    router.clocks[backend.name] = DepthClock(clock=(clock := _Clock()))
     router.stats.busy[backend.name] = state = BusyDepths()
     features = _features("x")
     route = router.route("m", features, exclude=())
     assert route is not None
     route = replace(route, profile="max", depth=3, reason="busy")
-    with router.backends.lease(backend, "max", prefill=True) as lease:
-        lease.streamed(_events(1))  # its first token: it decodes from here
+    with _serving(router, route, prefill=True) as run:
+        run.streamed(_events(1))  # its first token: it decodes from here
         clock.now = 10.0
-        lease.streamed(_events(299))  # alone: not counted
-        with router.backends.lease(backend, "max", prefill=True) as other:
+        run.streamed(_events(299))  # alone: not counted
+        with _serving(router, route, prefill=True) as other:
             other.streamed(_events(1))
             clock.now = 20.0
-            lease.streamed(_events(100))
-        busy_s, events = lease.single_depth_s(), lease.single_depth_events
-    assert (busy_s, events) == (10.0, 100)
+            run.streamed(_events(100))
+        record = replace(run.record(), load=2.0)
+    assert (record.seconds, record.tokens) == (10.0, 100)
     usage = ParsedUsage(has_timings=True, prompt_n=500, predicted_n=400, predicted_ms=20_000)
-    router.observe(
-        route,
-        features,
-        usage,
-        sent_at=0,
-        done_at=20,
-        single_depth_s=busy_s,
-        single_depth_load=2.0,
-        single_depth_tokens=events,
-    )
+    _observe(router, route, features, usage, sent_at=0, done_at=20, run=record)
     cell = state.speeds[(route.request_class.label, 2, "max")]
     assert math.exp(cell.mean) == pytest.approx(10.0) and cell.weight == pytest.approx(10.0)
 
@@ -467,21 +454,18 @@ def test_a_cold_pick_at_the_deepest_depth_measures_the_shallowest_next() -> None
     router = _one_process_router(settings)
     backend = router.backends.of_model("m")[0]
     usage = ParsedUsage(has_timings=True, prompt_n=500, predicted_n=256, predicted_ms=10_000.0)
-    with router.backends.lease(backend, "max"):
+    busy_alone = DepthRecord(seconds=10.0, load=2.0)
+    with router.backends.lease(backend):
         routes = [router.route("m", _features(f"s{n}"), exclude=()) for n in range(3)]
         assert [(r.profile, r.reason) for r in routes if r] == [("max", "busy")] * 3
         for route in routes:
             assert route is not None
-            router.observe(
-                route,
-                _features("x"),
-                usage,
-                sent_at=0.0,
-                done_at=12.0,
-                single_depth_s=10.0,
-                single_depth_load=2.0,
+            with router.running(route, prefill=False):
+                pass
+            _observe(
+                router, route, _features("x"), usage, sent_at=0.0, done_at=12.0, run=busy_alone
             )
-    backend.recent_load = 4.0  # a burst just began on the idle process: it explores now
+    router.loads[backend.name] = RecentLoad(load=4.0)  # a burst began on the idle process
     nxt = router.route("m", _features("next"), exclude=())
     assert nxt is not None and (nxt.profile, nxt.reason) == ("off", "busy")
 
@@ -492,38 +476,46 @@ def test_a_busy_epoch_lasts_its_admissions_and_learns_from_time_at_one_depth() -
     backend = router.backends.of_model("m")[0]
     # 256 tokens at 25.6 tok/s: 10 s of decoding.
     usage = ParsedUsage(has_timings=True, prompt_n=500, predicted_n=256, predicted_ms=10_000.0)
-    with router.backends.lease(backend, "off"):
-        routes = [router.route("m", _features(f"s{n}"), exclude=()) for n in range(3)]
-        assert [(r.profile, r.reason) for r in routes if r] == [("off", "busy")] * 3
-        state = router.stats.busy[backend.name]
-        assert (state.left, state.sent["off"]) == (0, 3)
-        for route in routes:
-            assert route is not None
-            # Each ran its 10 s with the process busy at off only: one whole sample.
-            router.observe(
-                route, _features("x"), usage, sent_at=0.0, done_at=12.0, single_depth_s=10.0
-            )
-        assert state.finished["off"] == 3 and round(state.samples("off"), 1) == 3.0
+
+    def observe(route: Route[LiveBackend], done_at: float, run: DepthRecord) -> None:
+        _observe(router, route, _features("x"), usage, sent_at=0.0, done_at=done_at, run=run)
+
+    with router.backends.lease(backend):  # one decoding already: the next are busy admissions
+        with ExitStack() as running:
+            routes = []
+            for n in range(3):  # each admitted as the exchange admits it: routed, then run
+                route = router.route("m", _features(f"s{n}"), exclude=())
+                assert route is not None and (route.profile, route.reason) == ("off", "busy")
+                running.enter_context(router.running(route, prefill=False))
+                routes.append(route)
+            state = router.stats.busy[backend.name]
+            assert (state.left, state.sent["off"], state.outstanding("off")) == (0, 3, 3)
+        assert state.finished["off"] == 3  # counted as they ended, however they ended
+        for route in routes:  # each ran its 10 s with the process busy at off only
+            observe(route, 12.0, DepthRecord(seconds=10.0))
+        assert round(state.samples("off"), 1) == 3.0
         # The cold depth is known, but an exploring epoch waits for an idle process.
         held = router.route("m", _features("held"), exclude=())
         assert held is not None and (held.profile, held.reason) == ("off", "busy")
     # The cold depth is known and the process idle: the next epoch tries the deepest one.
-    backend.recent_load = 4.0
+    router.loads[backend.name] = RecentLoad(load=4.0)
     nxt = router.route("m", _features("next"), exclude=())
     assert nxt is not None and (nxt.profile, nxt.reason) == ("max", "busy")
-    assert router.snapshot()["busy"][backend.name] == {
-        "profile": "max",
-        "left": 2,
-        "samples": {"off": 3.0},  # requests (decay aside)
-        "outstanding": {"max": 1, "off": 1},
-    }
+    with router.running(nxt, prefill=False):
+        assert router.snapshot()["busy"][backend.name] == {
+            "profile": "max",
+            "left": 2,
+            "samples": {"off": 3.0},  # requests (decay aside)
+            "outstanding": {"max": 1, "off": 0},  # held was routed but never ran
+        }
+    assert state.finished["max"] == 1
     # Half its run beside another depth (or alone): it weighs its 5 s; none of it: nothing.
-    router.observe(nxt, _features("x"), usage, sent_at=0.0, done_at=12.0, single_depth_s=5.0)
+    observe(nxt, 12.0, DepthRecord(mixed=True, seconds=5.0))
     (cell,) = (c for (_, _, p), c in state.speeds.items() if p == "max")
-    assert state.finished["max"] == 1 and cell.weight == 5.0
-    router.observe(nxt, _features("x"), usage, sent_at=0.0, done_at=12.0, learn=False)
-    assert state.finished["max"] == 2 and cell.weight == 5.0
+    assert cell.weight == 5.0
+    observe(nxt, 12.0, DepthRecord(mixed=True))
+    assert cell.weight == 5.0
     # A run at one depth throughout weighs its decoding time (10 s), not its prefill.
-    router.observe(nxt, _features("x"), usage, sent_at=0.0, done_at=60.0, single_depth_s=60.0)
+    observe(nxt, 60.0, DepthRecord(seconds=60.0))
     decay = 0.5 ** (1 / settings.half_life_samples)
     assert cell.weight == pytest.approx(5.0 * decay + 10.0)

@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import aiohttp
 
 from proxy.apis import API_OF_PATH, DEPTH_KEY
 from proxy.routing.classes import RequestClass
-from proxy.routing.spec_counters import read_spec_counters
 from proxy.routing.telemetry import (
     Observation,
-    ParsedUsage,
     StreamTelemetry,
     make_observation,
 )
+from proxy.serving.spec_counters import read_spec_counters
 
 _UNCLASSIFIED = RequestClass("", "prose")  # the class is decided later, at analysis
 
@@ -177,9 +176,6 @@ async def measure(
     if before is not None:
         after = await read_spec_counters(session, base_url)
         delta = after - before if after is not None else None
-    if clock_scale != 1.0:  # clock readings of a time-compressed simulator, as the router does
-        usage = _scaled(usage, clock_scale)
-        sent, done = sent * clock_scale, done * clock_scale
     obs = make_observation(
         usage,
         backend=base_url,
@@ -188,16 +184,8 @@ async def measure(
         sent_at=sent,
         done_at=done,
         spec_delta=delta,
+        clock_scale=clock_scale,  # a time-compressed simulator's seconds, as the router reads them
     )
     if not obs.output_tokens:
         raise MeasureError(f"{path}: the answer reported no output tokens")
     return Answer(obs, backend)
-
-
-def _scaled(usage: ParsedUsage, scale: float) -> ParsedUsage:
-    first, last = usage.first_token_at, usage.last_token_at
-    return replace(
-        usage,
-        first_token_at=None if first is None else first * scale,
-        last_token_at=None if last is None else last * scale,
-    )
