@@ -134,11 +134,5 @@ def query_free_gpu_bytes(
     return values or None
 
 
-def free_gpu_bytes(nvidia_smi: str | None = None, *, timeout_s: float = 5.0) -> int | None:
-    """Free memory of all GPUs together (llama.cpp splits layers across GPUs), or None."""
-    per_gpu = query_free_gpu_bytes(nvidia_smi, timeout_s=timeout_s)
-    return None if per_gpu is None else sum(per_gpu)
-
-
 def _gib(size: float) -> str:
     return f"{size / GIB:.1f} GiB"

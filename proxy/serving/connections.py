@@ -151,10 +151,6 @@ class ConnectionGuard:
         )
         reading.set_function(lambda: len(self._reading))
 
-    @property
-    def open_count(self) -> int:
-        return len(self._open)
-
     def protocol_factory(
         self, make: Callable[[], asyncio.BaseProtocol]
     ) -> Callable[[], asyncio.Protocol]:

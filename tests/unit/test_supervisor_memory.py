@@ -11,7 +11,6 @@ from supervisor.memory import (
     MIB,
     check_backends_fit,
     estimate_vram_bytes,
-    free_gpu_bytes,
     query_free_gpu_bytes,
 )
 
@@ -68,4 +67,3 @@ def test_free_gpu_memory_without_nvidia_smi(
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     assert query_free_gpu_bytes() is None
-    assert free_gpu_bytes() is None

@@ -131,15 +131,3 @@ def _parse_item(item: str, spec_type: str) -> DraftSetting:
     if p_min is not None and not 0.0 <= p_min <= 1.0:
         raise GridError(f"{item!r}: p_min must be within [0, 1]")
     return DraftSetting(n_max, n_min, p_min, spec_type)
-
-
-def setting_from_name(name: str, spec_type: str = DEFAULT_SPEC_TYPE) -> DraftSetting:
-    """Inverse of ``DraftSetting.name`` (results files are keyed by it)."""
-    if name == "off":
-        return OFF
-    match = re.fullmatch(r"n(\d+)(?:-m(\d+))?(?:-p([\d.]+))?", name)
-    if match is None:
-        raise GridError(f"not a setting name: {name!r}")
-    n_min = int(match[2]) if match[2] is not None else None
-    p_min = float(match[3]) if match[3] is not None else None
-    return DraftSetting(int(match[1]), n_min, p_min, spec_type)
