@@ -256,9 +256,7 @@ def held_cold(state: BusyDepths, pick: str) -> str:
     """The cold depth of the next epoch. The router's ``pick`` is the calibration's, carried to
     the context the process serves, so it moves with that context. Once the process has
     compared it with the cold depth of its current epoch, that one holds, and only the
-    comparison moves the process, with its hysteresis (rtx3090-250w's concurrent trace: the
-    pick turned to depth 0 at ~19k tokens after depth 0 had measured 0.6x depth 3, and two
-    more epochs ran there while the comparison, at 95-99 %, waited for more evidence)."""
+    comparison moves the process, with its hysteresis (why: docs/routing.md, "Busy epochs")."""
     held = state.cold
     if held is None or held == pick or state.gap(pick, held).weight <= 0:
         return pick
@@ -275,8 +273,7 @@ class Epoch:
     admissions: int | None = None
     """How many admissions it lasts; None: a whole epoch. The check of the calibration's guess
     is half of one: the guess is usually right, and every admission of the check runs at the
-    depth it measured slower (on rtx3090-250w's concurrent trace, 8 requests at depth 0 where
-    depth 3 is 1.5x its goodput: docs/routing.md, "Start-up calibration")."""
+    depth it measured slower (docs/routing.md, "Start-up calibration")."""
 
 
 def next_busy_depth(

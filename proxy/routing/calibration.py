@@ -30,14 +30,12 @@ CONTEXT_DECLINE_PER_KTOK = math.log(1.44 / 2.5) / 34.0
 llama.cpp with 4 drafts, +147-152 % at a ~100-token context against +44 % at 34K
 (docs/published-figures.md, "Long context and content"). The calibration measures short
 prompts; a busy process serving long agent prompts is where its gap matters most, and there
-it is this much smaller (the simulator's setup-a: depth 3 1.23x depth 0 at 4 slots on a short
-prompt, 1.00x at 10k, 0.75x at 30k)."""
+it is this much smaller (docs/routing.md, "Start-up calibration")."""
 BUSY_MARGIN = 0.05
 """Beside others the deepest depth is the cold pick only when it measured this much faster than
 depth 0. Off when busy is what most published builds call for, and the measurement is noisy:
-on the simulator's setup-b (which loses 23 % with 4 parallel code requests, llama.cpp PR
-#27342) five seeds measured 0.90-1.04x at 4 slots with 128 tokens (short requests finish at
-different times, so the tail of a burst decodes at a lower load), setup-b-batched 1.13-1.33x."""
+short requests finish at different times, so the tail of a burst decodes at a lower load
+(docs/routing.md, "Start-up calibration")."""
 
 
 KINDS = ("code", "prose")
@@ -94,10 +92,8 @@ class Calibration:
     """The alone requests one by one, by content kind (calibrations from before: none)."""
     busy_kinds: tuple[KindCell, ...] = ()
     """The busy bursts' requests one by one, by content kind (calibrations from before: none).
-    Drafting's gap beside others differs by kind where acceptance does: on the simulator's
-    rtx3090-250w (the published 3090's code/prose split) depth 3 decodes code 1.56x depth 0
-    with 4 decoding and prose 0.85x; the burst's mean, 1.27x, carried to an agent's long code
-    prompts, called for depth 0 where depth 3 was 1.6x faster."""
+    Drafting's gap beside others differs by kind where acceptance does, so the burst's mean
+    would speak for a mix the process may not serve (docs/routing.md, "Start-up calibration")."""
 
     @property
     def loads(self) -> list[int]:
@@ -112,8 +108,8 @@ class Calibration:
 
     def measured_load(self, level: int) -> int | None:
         """The measured load that stands for a load level: alone for alone; for a busy level
-        the busy load measured nearest to it (only the slot count is measured, and a process
-        never decodes more requests than it has slots)."""
+        the busy load measured nearest to it, the smaller on a tie (a process never decodes more
+        requests than it has slots)."""
         if level <= 1:
             return 1 if 1 in self.loads else None
         busy = [load for load in self.loads if load > 1]
@@ -137,8 +133,8 @@ class Calibration:
         """Deepest depth's per-request decode speed over depth 0's, at that load level: of the
         ``kind`` requests where they were measured beside others (``busy_kinds``), else of all
         of them. A busy load below the slot count is pooled with the slot count's, in log and
-        by their requests: its burst rests on one request of each kind per depth, and on
-        setup-b (truth 0.92-0.98x at 2) it measured 0.87-1.07x, across the 5 % margin."""
+        by their requests: its burst rests on one request of each kind per depth, too few to
+        trust alone against the 5 % margin (docs/routing.md, "Start-up calibration")."""
         load = self.measured_load(level)
         if load is None or self.deepest == 0:
             return None

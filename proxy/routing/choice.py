@@ -90,22 +90,20 @@ def trend_estimates(
     weighted by each cell's observations (``TREND_WEIGHT_CAP``), never falling with context.
     Time per token, not speed: a step's cost grows linearly with the context (verification
     attends over all of it) while the accepted tokens per step fall slowly, so time per token is
-    close to linear; on the simulator's presets a line through 10k-75k predicts depth 0 at
-    100k-120k exactly and depth 3 within 3-5 %, where a line in log speed was 10-17 % low.
+    close to linear.
     Each a copy of that profile's nearest cell with the predicted speed; empty unless two
     profiles have one (a ranking needs two). ``extra``: per profile one more point (context,
     tok/s) of weight 1: what the backend's start-up calibration measured alone on a short prompt
     of this kind. ``recent``: per profile the last requests' (context, tok/s): where at least
     ``LOCAL_POINTS`` of them span ``TREND_MIN_SPAN`` tokens, the line is theirs alone, each of
     weight 1 (a session growing turn by turn extrapolates a few thousand tokens, not from the
-    middle of its buckets: bucket means put setup-b's depth 3 8-10 % too fast at 60-73k).
+    middle of its buckets).
 
-    Why: a class short of data borrowed its neighbours' ranking as it was, but drafting's
-    advantage falls with context in every published measurement (verification attends over
-    the whole context while acceptance falls: published-figures.md, "Long context and
-    content"), so the ranking a longer bucket needs is the trend of the shorter ones, not
+    Why: drafting's advantage falls with context in every published measurement (verification
+    attends over the whole context while acceptance falls: published-figures.md, "Long context
+    and content"), so the ranking a longer bucket needs is the trend of the shorter ones, not
     their level: a session growing past 64k tokens reaches the crossover where no shorter
-    bucket has it (the solo trace, docs/benchmarks.md)."""
+    bucket has it. The measurements behind the line: docs/routing.md, "Context trend"."""
     points, nearest = _bucket_points(view_of, cls, profiles, tokens, settings)
     for profile, (context, tok_s) in (extra or {}).items():
         if profile in profiles and tok_s > 0:

@@ -360,8 +360,8 @@ class LearnedStats:
                 each.forget()
             # Beside others a process runs its busy epoch's depth, not the class's choice: the
             # reset cells are not read there, and the busy speeds it compares depths by, decayed
-            # over half_life_samples, kept the process at the old depth (the relearn trace's
-            # code requests, docs/benchmarks.md). They follow the change too.
+            # over half_life_samples, would keep the process at the old depth (docs/routing.md,
+            # "Change detection"). They follow the change too.
             busy = self.busy.get(obs.backend) if level else None
             if busy is not None:
                 busy.forget(cls.label, level, profile)
