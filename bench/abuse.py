@@ -7,8 +7,8 @@ client's non-stream chat, one request at a time, p50 and p99:
 - idle flood: `--idle` connections opened and left silent (beyond the connection cap they push
   out the idlest; within it they wait for the keep-alive timeout);
 - bombs: `--bombers` threads sending unauthenticated gzip bombs (2 MB that inflate to 2 GiB),
-  one every `--bomb-interval` seconds each (40 a second by default: the issue saw four bombs
-  push a keyed chat from 44 ms to 8 s);
+  one every `--bomb-interval` seconds each (40 a second by default: before bodies were inflated
+  in bounded steps, four bombs pushed a keyed chat from 44 ms to 8 s);
 - pinned flood: `--pinned` threads sending keyed requests pinned to one profile, back to back
   (they queue like any request and get 429 past the queue; a refused one waits 0.5 s, as
   SDK clients back off, before the next);
@@ -324,7 +324,7 @@ def _config(echo_url: str, known: set[str]) -> dict[str, Any]:
         "queue_timeout_s": 10.0,
         "body_timeout_s": 10.0,
         "max_connections": CAP,
-        "send_timeout_s": 3.0,  # Hardening III's
+        "send_timeout_s": 3.0,  # an unread stream is cut well inside the 15 s window
     }
     profiles = [
         {"name": "off"},

@@ -3,15 +3,17 @@
 Each case runs abusers in a process of their own (threads holding connections, each reopened
 as soon as the proxy closes it, as a determined client would) while a keyed client probes the
 proxy one request at a time for `window_s`; it reports the probes' answers (status: count) and
-what the abusers got. The cases are the holes Hardening III closed (issue 28):
+what the abusers got. Each case is a way a few clients could starve the rest before the proxy
+bounded it (a whole-body deadline, the send timeout, the connection cap's choice of victim,
+requests waiting through a restart, large answers relayed as they come):
 
-- forwarded_stall (N01): connections that send a forwarded route's head and part of its body,
+- forwarded_stall: connections that send a forwarded route's head and part of its body,
   then nothing;
-- trickle (N02): connections that send a chat body one byte a second (never a long pause);
-- unread_streams (N27): streams whose clients never read, one per slot of a model;
-- restart (N18): clients looping requests on a one-process model while it is restarted
+- trickle: connections that send a chat body one byte a second (never a long pause);
+- unread_streams: streams whose clients never read, one per slot of a model;
+- restart: clients looping requests on a one-process model while it is restarted
   (POST /admin/backends/NAME/restart); counted are the 503s;
-- big_answer (N12): one 128 MiB complete answer relayed to a reading client; measured is the
+- big_answer: one 128 MiB complete answer relayed to a reading client; measured is the
   proxy's peak memory (VmHWM) before and after.
 
 Loopback only; bounded in count (the arguments) and time (`window_s` per case).

@@ -6,8 +6,8 @@
 The start-up calibration measures on short prompts, and the busy rule carries what it measured
 to the context a process serves along one published single-stream decline
 (``CONTEXT_DECLINE_PER_KTOK``). Measuring the decline on the box instead (a long-prompt burst in
-the calibration) was issue 30's open lead for the presets where that carry puts a busy process
-at the wrong depth. This measures what such a burst would find: for each preset, load and
+the calibration) is the alternative for the presets where that carry puts a busy process at the
+wrong depth. This measures what such a burst would find: for each preset, load and
 context, ``load`` completions at once at depth 0 and then at depth 3, code and then prose, each
 the calibration's own prompt after ``context`` thousand tokens of its kind, ``tokens`` long with
 ``ignore_eos``. It prints depth 3 / depth 0 of the mean per-request decode speed, and beside it

@@ -2,7 +2,7 @@
 
     python -m bench.decide_micro [--rounds N] [--orjson] [--gc-tuned]
 
-Targets (routing issue): under 2 ms for a 100k-token agent prompt, under 100 us for a short chat.
+Targets: under 2 ms for a 100k-token agent prompt, under 100 us for a short chat.
 The request builders are also used by the unit tests as realistic inputs.
 """
 

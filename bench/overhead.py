@@ -299,7 +299,7 @@ async def quiesce(pids: list[int], timeout_s: float = 20.0) -> None:
 
 
 # --- the live page -----------------------------------------------------------------------------
-# Issue 27 promises that a busy proxy pays nothing measurable for an open live page. The reader
+# A busy proxy should pay nothing measurable for an open live page. The reader
 # below asks what one open page asks (proxy/ui/static/app.js, kept equal by tests/bench): its
 # files once, then every POLL_MS after the previous answers the backends, the depths and the
 # requests it has not seen, and every SLOW_EVERY-th poll the routing mix and the chart.

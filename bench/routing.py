@@ -50,7 +50,7 @@ upper bound: see what hindsight and greedy do not cover above. Ratios (``--json`
 ``ratios``): ``adaptive_vs_oracle``, ``adaptive_vs_best_static`` (the best static row of the
 topology: on one-copy, the best depth on the one process), ``gain_captured`` (adaptive's share of
 the oracle's gain over the best static) and ``meets_targets`` (adaptive >= 0.97 x oracle, and
->= 80 % of the oracle's gain where that gain is >= 3 %: issue 11). Per preset
+>= 80 % of the oracle's gain where that gain is >= 3 %: the routing's targets). Per preset
 ``reference.cells`` lists every class and load level: each static's goodput there, hindsight's
 pick, and adaptive's goodput and choices, which shows where adaptive loses.
 
@@ -90,7 +90,7 @@ runs and the ratios of those means (bench/routing_report.py ``mean_report``). Th
 keeps the one process saturated, and a saturated trace amplifies small differences: which long
 agent context is still cached decides whether a turn processes 60-100k tokens again (the
 simulator keeps llama-server's host-memory prompt cache, ``--cache-ram``, simulator/MODEL.md,
-but setup-b's model fills it with one long context). Read issue 11's targets
+but setup-b's model fills it with one long context). Read the targets
 (``meets_targets``) on the mean, over repeats and over seeds of one generator (``--trace
 default,default:2,default:3 --repeat 2``): a mean over different generators weighs the one with
 the higher goodput more. Measured figures: docs/benchmarks.md ("Routing").

@@ -16,7 +16,7 @@ from typing import Any
 from bench.routing_replay import Outcome
 
 STATIC_PREFIX = "static:"
-TARGET_VS_ORACLE = 0.97  # issue 11: adaptive >= 0.97 x the oracle ...
+TARGET_VS_ORACLE = 0.97  # the routing's targets: adaptive >= 0.97 x the oracle ...
 TARGET_GAIN_SHARE = 0.80  # ... and >= 80 % of the oracle's gain over the best static setting
 TARGET_GAIN_FLOOR = 0.03  # ... where that gain is >= 3 %
 

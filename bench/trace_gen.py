@@ -17,7 +17,7 @@ turn; short chats throughout and one burst, so the load on one server is 1-2 mos
 its seed when asked for (``bench.routing --trace concurrent``), not shipped.
 shift: short chat sessions, prose in the first half of the trace and code in the second (the
 workload's content turns from prose to code; bench.routing --relearn).
-solo: one person with one coding agent on one box (the seeds' own case): one Claude Code
+solo: one person with one coding agent on one box (the case the project is for): one Claude Code
 session whose context grows from ~10k to ~130k tokens over ~45 turns (file reads, greps and test
 logs as tool results, now and then a short instruction from the user), and between its turns an
 occasional short chat, all strictly one after another (one replay group: each request waits for

@@ -333,7 +333,7 @@ class Exchange:
 
     def _mend_answer(self, out: web.StreamResponse) -> None:
         """Rewrite a complete answer as the client expects it (proxy.compat). Only one still
-        held whole can be: a large one was relayed as it came, never held (Hardening III)."""
+        held whole can be: a large one was relayed as it came, never held."""
         if isinstance(out, web.Response) and isinstance(out.body, bytes) and not out.prepared:
             out.body = self.mends.answer_body(out.body)
         else:

@@ -63,7 +63,7 @@ ROUNDS = 5  # of traffic, about one scrape apart: every counter moves between tw
 # at a 1 s scrape interval; the template variables at "All" (their allValue).
 GRAFANA_VARIABLES = {"$__rate_interval": "30s", "$__interval": "1s", "$__range": "5m"}
 ALL = ".*"
-# The variables at "All" (what the issue asks), and at one model and profile: a panel filtering
+# The variables at "All" (the dashboard's default), and at one model and profile: a panel filtering
 # on a label its metric lacks still shows data at "All" (`.*` matches the empty string), not
 # once a value is picked.
 SELECTIONS = {"All": {"model": ALL, "profile": ALL}, "one": {"model": "mtp-demo", "profile": "max"}}

@@ -35,7 +35,7 @@ BACKEND = "mtp-demo/one-copy"
 # llama.cpp PR #27342 (Vulkan) MTP 0.77x of no drafting at np=4: setup-b; a newer build 4 MTP
 # slots 1.97x one slot, ahead of 4 without MTP: setup-b-batched.
 TRUTH_AT_4 = {"setup-b": "off", "setup-b-batched": "max"}
-SETUP_B_BUDGET_S = 30.0  # issue 30: "under 30 s on a 27B model" (setup-b: a 27B on a 3090)
+SETUP_B_BUDGET_S = 30.0  # the promise: under 30 s on a 27B model (setup-b: a 27B on a 3090)
 TOKENS = RoutingSettings().calibration_tokens  # what a proxy measures with
 
 
@@ -208,7 +208,7 @@ def test_a_restart_measures_nothing_again(tmp_path: Path) -> None:
 
 
 def test_a_calibration_saved_by_an_older_proxy_is_measured_again(tmp_path: Path) -> None:
-    """Before stop 36 the calibration measured alone and the slot count only, without content
+    """An older proxy's calibration measured alone and the slot count only, without content
     kinds; the busy pick then falls back to the slot count's mean gap. Such a saved one is not
     kept for ever (its key, the binary, model and flags, has not changed): measured again."""
     state = tmp_path / "state.json"

@@ -23,7 +23,7 @@ OTHER = [{"role": "user", "content": "And what about harbours?"}]  # another ses
 
 
 async def test_a_pinned_request_waits_for_a_slot_of_its_profile(tmp_path: Path) -> None:
-    """A pin is admitted like any request (issue 13, item 6): to a full profile it is neither
+    """A pin is admitted like any request: to a full profile it is neither
     forwarded past the backend's slots nor sent elsewhere; it waits for that profile's slot."""
     model = simulator_model(slots=1, time_scale=2.0)
     with running_proxy(proxy_config([model]), tmp_path) as proxy:

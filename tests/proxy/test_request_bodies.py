@@ -199,7 +199,7 @@ def test_an_unauthenticated_bomb_is_refused_without_inflating_it(proxy: ProxyPro
 
 def test_a_keyed_chat_stays_fast_while_unauthenticated_bombs_arrive(proxy: ProxyProcess) -> None:
     quiet = keyed_latencies(proxy.url, KEY, 40)
-    with bomb_flood(proxy.url, workers=4, inflated=2 << 30) as answers:  # the bombs
+    with bomb_flood(proxy.url, workers=4, inflated=2 << 30) as answers:  # 2 MB each, 2 GiB inflated
         loud = keyed_latencies(proxy.url, KEY, 40)
     assert answers.get(401, 0) >= 8, answers  # they did arrive, and were refused
     assert loud.p50 <= 2 * quiet.p50, (quiet, loud)

@@ -1,5 +1,5 @@
 """`mtp-proxy init`'s pieces: the builds found, the context chosen, the file written (a valid
-configuration with everything the issue lists). The command run for real, and check-config
+configuration with what a single-GPU service needs). The command run for real, and check-config
 accepting its file unchanged: tests/proxy/test_cli.py, tests/llama/test_init_llama.py."""
 
 from __future__ import annotations

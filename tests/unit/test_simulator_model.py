@@ -1,7 +1,7 @@
 """The simulator's performance model, tokenizer and kind rule: pure functions, no processes.
 
-The calibration tests reproduce the seed tables of docs/published-figures.md (#setup-a, #setup-b)
-from the bundled presets.
+The calibration tests reproduce the published tables of docs/published-figures.md (#setup-a,
+#setup-b) from the bundled presets.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def test_concurrency_shrinks_the_gain() -> None:
     assert ratios[2] < 1.0  # at batch 8 speculation costs more than it gives
 
 
-# --- rtx3090-250w: the 3090 figures of issue 30 and the 4090's content divergence --------------
+# --- rtx3090-250w: the published 3090 figures and the 4090's content divergence ----------------
 #
 # docs/published-figures.md#rtx-3090-at-250-w: an RTX 3090 at 250 W, a Qwen 27B with MTP: off
 # 31.3, n_max 2 49.4, n_max 3 52.9, n_max 4 51.9 tok/s. Read as a mixed set, half code and half
