@@ -11,7 +11,7 @@ requests waiting through a restart, large answers relayed as they come):
   then nothing;
 - trickle: connections that send a chat body one byte a second (never a long pause);
 - unread_streams: streams whose clients never read, one per slot of a model;
-- restart: clients looping requests on a one-process model while it is restarted
+- restart: clients looping requests on a model served by one process while it is restarted
   (POST /admin/backends/NAME/restart); counted are the 503s;
 - big_answer: one 128 MiB complete answer relayed to a reading client; measured is the
   proxy's peak memory (VmHWM) before and after.

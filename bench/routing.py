@@ -63,7 +63,7 @@ the time scale, and it decides races (which request reaches a backend first) tha
 the routing (how much, per time scale: docs/benchmarks.md, "Repeatability"). ``--repeat N``
 prints the largest difference between runs, per ratio and per policy.
 
-``--relearn`` shows how fast a policy follows a change. On one copy (the default) it replays the
+``--relearn`` shows how fast a policy follows a change. On one process (the default) it replays the
 "relearn" trace (short prose and code chats throughout) and half-way turns the backend's code
 acceptance down (POST /sim/acceptance-scale ``code=0.2``: drafting stops paying on code); it
 reports, per policy (adaptive, and adaptive without change detection beside it), where the code
@@ -146,9 +146,9 @@ RELEARN_POLICIES = ("static:max", "rules", "adaptive", "greedy")  # on a pool
 RELEARN_COLLAPSE = "code=0.25"  # --acceptance-scale of the max profile in the pool's re-learn run
 RELEARN_ONE_COPY = ("static:off", "static:max", "adaptive", NO_DETECTION, "greedy")
 RELEARN_CHANGE = "code=0.2"
-"""One copy's re-learn run: the backend's code acceptance from the change on. On setup-b's short
-code chats depth 3 then decodes at ~0.95x depth 0 instead of ~1.57x: drafting stops paying,
-without a collapse (drafted acceptance ~17 %, over the guard's 15 %)."""
+"""The re-learn run on one process: the backend's code acceptance from the change on. On
+setup-b's short code chats depth 3 then decodes at ~0.95x depth 0 instead of ~1.57x: drafting
+stops paying, without a collapse (drafted acceptance ~17 %, over the guard's 15 %)."""
 
 
 def wait_ready(proxy: ProxyProcess, timeout: float = 60.0) -> list[dict[str, Any]]:
@@ -242,7 +242,7 @@ _EVENTS = ("request", "class_changed", "acceptance_collapsed", "acceptance_recov
 def _timed(
     rows: list[dict[str, Any]], cfg: BenchConfig
 ) -> list[tuple[float, Callable[[], Awaitable[None]]]]:
-    """One copy's re-learn run: the backend's code acceptance changes at the trace's change."""
+    """The re-learn run on one process: the code acceptance changes at the trace's change."""
     if cfg.change is None or cfg.topology != "one-copy":
         return []
     url, change = str(rows[0]["url"]), cfg.change
@@ -403,7 +403,7 @@ def relearn_report(
 
 def _relearned_after(seq: list[Outcome], one_copy: bool) -> int | None:
     """The n-th changed code request (1-based) that learned statistics were the first to send
-    away from the collapsed profile. One copy: to depth 0, by its class's statistics or by its
+    away from the collapsed profile. One process: to depth 0, by its class's statistics or by its
     process's busy epoch (chosen from learned busy speeds: every changed request admitted beside
     another goes so), once an earlier one had drafted (an epoch at depth 0 from the start is
     no re-learning); depth 2 is still drafting. A pool: off or min by its class's statistics."""
@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         traces = {"shift": trace_gen.shift_trace()}
         policies = [p for p in policies if p in RELEARN_POLICIES] or list(RELEARN_POLICIES)
         extra = {"max": ["--acceptance-scale", RELEARN_COLLAPSE]}
-    elif args.relearn:  # one copy: the backend's code acceptance turns down half-way
+    elif args.relearn:  # one process: the backend's code acceptance turns down half-way
         traces = {"relearn": trace_gen.relearn_trace()}
         listed = [p for p in policies if p in RELEARN_ONE_COPY]
         policies = listed if args.policies else list(RELEARN_ONE_COPY)

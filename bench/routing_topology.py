@@ -43,8 +43,8 @@ class BenchConfig:
     profile_args: dict[str, list[str]] = field(default_factory=dict)
     routing: dict[str, Any] = field(default_factory=dict)  # extra [routing] settings
     change: str | None = None
-    """One copy's re-learn run: the --acceptance-scale its backend takes at the trace's change
-    (POST /sim/acceptance-scale), e.g. "code=0.2"."""
+    """The re-learn run on one process: the --acceptance-scale its backend takes at the trace's
+    change (POST /sim/acceptance-scale), e.g. "code=0.2"."""
 
 
 def _sim_args(cfg: BenchConfig) -> list[str]:

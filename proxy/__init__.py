@@ -15,7 +15,7 @@ Start-up (``mtp-proxy serve``) and the life of the process:
 - ``config.__main__``: ``python -m proxy.config`` prints that reference.
 - ``config.files``: the local files a user names, read bounded (no FIFO, device or huge file).
 - ``config.overrides``: the service's environment (this shell's, the systemd unit's): the
-  settings it overrides, where each was set, and the state file in force.
+  settings it overrides, where each was set, and the learned file in force.
 - ``observability.logs``: structlog JSON lines (a console renderer on a tty), credentials redacted.
 - ``plans.plan``: how each model is served (one process, pool, single) and its backend specs.
 - ``plans.preflight``: whether the backends fit in GPU memory, said before they start.
@@ -30,7 +30,7 @@ Start-up (``mtp-proxy serve``) and the life of the process:
 - ``lifecycle.fail_fast``: a model that never got a ready backend stops the start-up, with its
   cause.
 - ``lifecycle.reload``: SIGHUP re-reads the configuration file and applies its models.
-- ``lifecycle.learned_file``: the state file as the proxy last read or wrote it; others' writes
+- ``lifecycle.learned_file``: the learned file as the proxy last read or wrote it; others' writes
   kept.
 - ``lifecycle.drain``: graceful shutdown: the requests in flight finish before the backends stop.
 
@@ -78,7 +78,7 @@ A request, in the order it is served:
 - ``compat.overflow``: llama-server's context overflow -> each API's canonical error.
 - ``routing.telemetry``: timings and usage read from the answer -> Observation.
 - ``serving.spec_counters``: draft acceptance from /metrics for APIs without timings.
-- ``routing.stats``: decayed statistics per (model, class, profile, load); the state file.
+- ``routing.stats``: decayed statistics per (model, class, profile, load); the learned file.
 - ``observability.bookkeeping``: what no client waits for (statistics, metrics, log lines), batched.
 - ``observability.request_log``: a request's id and its logger.
 - ``observability.metrics``: the proxy's Prometheus metrics.
@@ -90,7 +90,7 @@ Beside the requests:
 - ``serving.admin``: the /admin endpoints: backends, restarting one, the routing table, the
   service, the live page's reads.
 - ``serving.live``: those reads: the depth each process runs now and why, requests, the chart.
-- ``routing.now``: read-only: the busy epoch each one-process backend is in, with its depth.
+- ``routing.now``: read-only: the busy epoch each process on per-request depths is in, its depth.
 - ``ui.routes``: the live page at /ui/: its static files (proxy/ui/static), no data in them.
 - ``cli.status``: ``mtp-proxy status``: a running proxy's backends, depths and routing, as
   tables; ``--watch`` redraws them.
@@ -129,7 +129,7 @@ Setting up a box (``mtp-proxy check-config`` and ``mtp-proxy init``):
   setting.
 - ``tune.report.labels``: request classes in words, and in file names.
 - ``tune.report.summary``: the end of a run: the outputs, the gaps, the exit code.
-- ``tune.report.outputs``: the table (text, CSV, JSON), profiles.toml and the state file.
+- ``tune.report.outputs``: the table (text, CSV, JSON), profiles.toml and the learned file.
 - ``tune.report.chart``: one PNG per request class and a summary, readable alone.
-- ``tune.report.apply``: --apply: the config, the state file in force, the reload.
+- ``tune.report.apply``: --apply: the config, the learned file in force, the reload.
 """

@@ -192,8 +192,8 @@ async def _supervised_backends(app: web.Application) -> AsyncIterator[None]:
 
 
 def _calibration(state: ProxyState) -> Callable[[Backend], Awaitable[None]]:
-    """The supervisor's before-ready hook: a one-process backend that honours the per-request
-    depth is calibrated (or finds its calibration in the state file) before it is announced
+    """The supervisor's before-ready hook: a process serving per-request depths that honours the
+    field is calibrated (or finds its calibration in the learned file) before it is announced
     ready, so no client request runs beside the measurement (proxy.routing.calibrate)."""
     router = state.router
     calibrator = Calibrator(

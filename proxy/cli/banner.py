@@ -57,8 +57,8 @@ def render_banner(
 
 
 def _first_answer(settings: Settings) -> list[str]:
-    """Why the first answer may take a while: a one-process backend is measured before it is
-    ready (proxy.routing.calibrate), and a curl that waits with no word looks hung."""
+    """Why the first answer may take a while: a process serving per-request depths is measured
+    before it is ready (proxy.routing.calibrate), and a curl that waits with no word looks hung."""
     if settings.routing.calibrate == "off":
         return []
     if not any(

@@ -1,4 +1,4 @@
-"""Reading the local files a user names (a config, a trace, tune's results, the routing state)
+"""Reading the local files a user names (a config, a trace, tune's results, the learned file)
 as bounded reads that refuse what is not a regular file.
 
 A FIFO at the path would block the reader for ever, `/dev/zero` or another device never ends

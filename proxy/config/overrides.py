@@ -1,6 +1,6 @@
 """The environment of the service: which settings it overrides, where each variable was set
-(this shell, or the systemd unit's Environment=), what the file says, and the learned-statistics
-file in force. `check-config` prints them; `tune --apply` seeds that state file.
+(this shell, or the systemd unit's Environment=), what the file says, and the learned file in
+force. `check-config` prints them; `tune --apply` seeds that learned file.
 
 Environment variables beat the file (`MTP_PROXY_ROUTING__STATE_FILE` over `routing.state_file`),
 and the unit installed by deploy/systemd/install.sh sets some: without this report a value in

@@ -163,11 +163,12 @@ class RoutingSettings(BaseModel):
     )
     calibrate: Literal["auto", "off"] = Field(
         default="auto",
-        description="Measure each one-process backend once, before it is announced ready. "
-        "Decode speed at depth 0 and at its deepest depth, alone and with every slot decoding "
-        "(proxy/routing/calibrate.py); the cold rule of each load level then follows what it "
-        "measured instead of cold_busy_role. Kept in state_file per binary, model and flags, so "
-        "a restart measures nothing. off: cold_busy_role and the published prior.",
+        description="Measure each process serving per-request depths once, before it is "
+        "announced ready. Decode speed at depth 0 and at its deepest depth, alone and with every "
+        "slot decoding (proxy/routing/calibrate.py); the cold rule of each load level then "
+        "follows what it measured instead of cold_busy_role. Kept in the learned file "
+        "(state_file) per binary, model and flags, so a restart measures nothing. off: "
+        "cold_busy_role and the published prior.",
     )
     calibration_tokens: int = Field(
         default=96,
@@ -185,8 +186,8 @@ class RoutingSettings(BaseModel):
     )
     collapse_guard: bool = Field(
         default=True,
-        description="Watch each one-process backend for an acceptance collapse. Drafts accepted "
-        "far below what their classes had learned, near 0, over 256 drafted tokens "
+        description="Watch each process serving per-request depths for an acceptance collapse. "
+        "Drafts accepted far below what their classes had learned, near 0, over 256 drafted tokens "
         "(proxy/routing/collapse.py): then serve depth 0, raise "
         "mtp_proxy_acceptance_collapsed, keep what was learned before, and try drafting again "
         "after collapse_retry_s, doubling up to collapse_retry_max_s.",
@@ -211,7 +212,7 @@ class RoutingSettings(BaseModel):
     load_half_life_requests: float = Field(
         default=8.0,
         gt=0.0,
-        description="Half-life, in admissions, of a process's recent concurrency. That is the "
+        description="Half-life, in admissions, of a process's recent load. That is the "
         "decayed mean of the requests in flight at each admission (decoding or processing their "
         "prompts): the depth of the first request of a burst is chosen for the load the burst is "
         "likely to reach, since later ones join it.",
@@ -301,12 +302,14 @@ class RoutingSettings(BaseModel):
 
     # --- persistence ---------------------------------------------------------------------
     state_file: Path | None = Field(
-        default=None, description="Learned statistics survive restarts in this JSON file."
+        default=None,
+        description="The learned file: what the proxy learned survives restarts in this JSON file. "
+        "It holds the statistics, the busy measurements and the start-up calibrations.",
     )
     state_save_interval_s: float = Field(
         default=30.0,
         gt=0.0,
-        description="Seconds between two saves of the learned statistics to state_file.",
+        description="Seconds between two saves of the learned file.",
     )
 
     # --- headers and profile roles ---------------------------------------------------------

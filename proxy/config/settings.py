@@ -110,7 +110,7 @@ class ProfileSettings(BaseModel):
         ge=1,
         le=64,
         description="Processes of this profile when it runs as processes of its own (the pool), "
-        "e.g. one per GPU. A per-request model sets the model's replicas instead.",
+        "e.g. one per GPU. A model served by one process sets the model's replicas instead.",
     )
     url: str | None = Field(
         default=None,
@@ -198,24 +198,24 @@ class ModelSettings(BaseModel):
         default=1,
         ge=1,
         le=64,
-        description="Processes of a per-request model (e.g. one per GPU); the pool sets replicas "
-        "per profile.",
+        description="Processes of a model served by one process (e.g. one per GPU); the pool sets "
+        "replicas per profile.",
     )
     replica_env: list[dict[str, str]] = Field(
         default=[],
-        description="Per-request: each replica's own environment; when set, one replica per "
+        description="One process: each replica's own environment; when set, one replica per "
         'entry. For example [{ CUDA_VISIBLE_DEVICES = "0" }, { CUDA_VISIBLE_DEVICES = "1" }].',
     )
     draft_n_max: int | None = Field(
         default=None,
         ge=1,
         le=64,
-        description="Per-request: the process's start-up depth. Unset: the model's own "
+        description="One process: the process's start-up depth. Unset: the model's own "
         "--spec-draft-n-max argument, else the deepest profile's depth.",
     )
     mixed_depths: bool = Field(
         default=False,
-        description="Per-request: may requests at different depths decode at once on one "
+        description="One process: may requests at different depths decode at once on one "
         "process? Off by default: on hybrid models (Qwen3.5/3.6) slots drafting different "
         "amounts cannot share a forward pass, so a request joins at the depth of those already "
         "decoding.",
@@ -286,7 +286,7 @@ class ModelSettings(BaseModel):
         return 0 if draft.is_off else (draft.n_max or DEFAULT_DRAFT_N_MAX)
 
     def start_depth(self) -> int:
-        """Start-up depth of a per-request process: `draft_n_max`, else the model's own
+        """Start-up depth of the one process: `draft_n_max`, else the model's own
         --spec-draft-n-max argument, else the deepest profile's depth."""
         if self.draft_n_max is not None:
             return self.draft_n_max

@@ -1,4 +1,4 @@
-"""The routing state file as this proxy last read or wrote it, and writes that are not its own.
+"""The learned file as this proxy last read or wrote it, and writes that are not its own.
 
 The proxy saves its learned statistics to ``routing.state_file`` now and then and at stop. When
 another writer replaces the file meanwhile (``mtp-proxy tune --apply`` seeding it with its

@@ -6,7 +6,7 @@ loses its last ready backend (`Supervisor.reload`). A FAILED backend is given an
 listener, timeouts, supervisor timings and routing settings stay as the proxy started with them; a
 reload that changes them says so in the log. Two things besides the models follow a reload, since
 they go with the profiles: the routing roles (``profile_off``, ``profile_min``, ``profile_max`` name
-profiles, which a reload may rename), and the learned state when another writer replaced
+profiles, which a reload may rename), and the learned file when another writer replaced
 ``routing.state_file`` (``mtp-proxy tune --apply``; proxy.lifecycle.learned_file): it is loaded in
 place of what the proxy had learned. A configuration that does not validate is logged and ignored:
 the running backends stay as they are.

@@ -146,8 +146,8 @@ class BackendsCollector(Collector):
         yield queued
 
     def _guard_metrics(self) -> Iterator[Metric]:
-        """The start-up calibration and the acceptance-collapse guard of one-process backends
-        (proxy/routing/calibrate.py, proxy/routing/collapse.py)."""
+        """The start-up calibration and the acceptance-collapse guard of the processes serving
+        per-request depths (proxy/routing/calibrate.py, proxy/routing/collapse.py)."""
         collapsed = GaugeMetricFamily(
             "mtp_proxy_acceptance_collapsed",
             "1 while a one-process backend's draft acceptance has collapsed (near 0, far below "

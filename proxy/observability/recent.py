@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 class Finished(NamedTuple):
     """One finished request (a tuple: one allocation, fields shared with the objects it came
-    from). ``depth`` is the depth the proxy gave it on a one-process model; None on a pool
+    from). ``depth`` is the depth the proxy gave it on one process; None on a pool
     (its profile is the depth, resolved when read) or when the client set its own."""
 
     seq: int

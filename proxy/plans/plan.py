@@ -2,8 +2,8 @@
 
 Two shapes serve the profiles (docs/architecture.md, "Plans"):
 
-- **one process** (``one-copy``): one llama-server per model (or one per replica, e.g. per GPU)
-  started at the deepest depth any profile needs; a profile is then the per-request field
+- **one process** (shape ``one-process``): one llama-server per model (or one per replica, e.g.
+  per GPU) started at the deepest depth any profile needs; a profile is then the per-request field
   ``"speculative.n_max"`` (``off`` = 0, ``min``/``max`` = their ``draft_n_max``). One copy of the
   weights and one prefix cache, so changing depth costs nothing.
 - **pool**: one process per profile, each with its own copy (where memory allows).
@@ -30,7 +30,7 @@ from supervisor.draft_probe import DraftControl
 from supervisor.spec import BackendSpec
 
 Shape = Literal["one-process", "pool", "single"]
-ONE_COPY = "one-copy"  # the profile label (and name part) of a per-request backend
+ONE_COPY = "one-copy"  # the profile label (and name part) of a one-process backend
 
 
 @dataclass(frozen=True)

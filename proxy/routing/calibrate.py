@@ -1,4 +1,5 @@
-"""The start-up calibration of a one-process backend: a short, bounded measurement over HTTP.
+"""The start-up calibration of a process serving per-request depths: a short, bounded measurement
+over HTTP.
 
 Run by the supervisor's ``before_ready`` hook (``proxy.app``): the backend is healthy and
 probed (it honours ``"speculative.n_max"``) but not yet announced ready, so no client request
@@ -6,7 +7,7 @@ is on it. Why then and not later at a low priority: measuring with every slot de
 every slot, and a client request beside the measurement would be slowed by it (a step that
 mixes depths costs every slot an extra pass on hybrid models) and would spoil it; a measurement
 that waits for an idle process may never run on a busy box. The cost is paid once per binary,
-model and flags: the result is kept in the state file (``LearnedStats.calibrations``), so a
+model and flags: the result is kept in the learned file (``LearnedStats.calibrations``), so a
 restart, or a crash and its successor, measure nothing. Clients that arrive meanwhile wait in
 the model's queue, as they do while the model loads.
 
@@ -235,8 +236,8 @@ class Target:
 
 
 class Calibrator:
-    """Runs (or finds in the state file) the calibration of each one-process backend before it
-    is announced ready, and tells the router which applies to which backend."""
+    """Runs (or finds in the learned file) the calibration of each process serving per-request
+    depths before it is announced ready, and tells the router which applies to which backend."""
 
     def __init__(
         self,

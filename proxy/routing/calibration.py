@@ -3,9 +3,10 @@
 Published runs disagree on whether MTP pays while several requests decode at once: -19 % to
 -30 % at 2-4 parallel requests on Vulkan and older CUDA builds, +100 % at 4 on a newer CUDA
 build (docs/published-figures.md#concurrency). So instead of a fixed prior the proxy measures
-each one-process backend once, when it is ready and probed (``proxy.routing.calibrate``): decode
-speed at depth 0 and at its deepest depth, alone and with every slot decoding. This module is
-the pure part: the measurement as data, the cold rule it implies per load level, and its JSON.
+each process serving per-request depths once, when it is ready and probed
+(``proxy.routing.calibrate``): decode speed at depth 0 and at its deepest depth, alone and with
+every slot decoding. This module is the pure part: the measurement as data, the cold rule it
+implies per load level, and its JSON.
 
 The cold rule per load level (``Calibration.cold_role``): beside others, the deepest depth
 where it measured clearly faster than depth 0 (``BUSY_MARGIN``), else off (the busy epochs
@@ -227,7 +228,7 @@ class Calibration:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        """The state file's form: numbers as measured (rounding them here and again in the
+        """The learned file's form: numbers as measured (rounding them here and again in the
         report made a restart show 2576.97 where the first run showed 2576.98)."""
         return {
             "key": self.key,

@@ -49,7 +49,7 @@ from proxy.routing.stats import Estimate
 
 @dataclass(frozen=True, slots=True)
 class Replica:
-    """One process of a per-request model as the policy sees it."""
+    """One process of a model served with per-request depths, as the policy sees it."""
 
     name: str
     ready: bool

@@ -1,4 +1,5 @@
-"""Read-only: the busy epoch each one-process backend is in now (routing.busy), with its depth.
+"""Read-only: the busy epoch each process on per-request depths is in now (routing.busy), and its
+depth.
 
 For the live page (/admin/depths), `mtp-proxy status` and the metric
 ``mtp_proxy_backend_busy_depth``. It reads the router's state and changes nothing: the epoch's
@@ -42,7 +43,7 @@ class BusyEpoch:
 
 
 def busy_epochs(router: Router[V]) -> dict[str, BusyEpoch]:
-    """Backend name -> its busy epoch, for the one-process backends that have been busy."""
+    """Backend name -> its busy epoch, for the processes on per-request depths that were busy."""
     epochs = {}
     for name, busy in router.stats.busy.items():
         backend = router.backends.get(name)

@@ -415,7 +415,7 @@ class Router(Generic[V]):
             at_end = outcome.others_at_end
             at_end = route.backend.in_flight if at_end is None else at_end
             load = (route.in_flight + at_end) / 2.0
-            # A per-request process keys its statistics by load level (this request counted).
+            # One process keys its statistics by load level (this request counted).
             level = load_level(load + 1.0, settings) if route.depth is not None else 0
             stats = functools.partial(
                 self.stats.observe,

@@ -49,7 +49,7 @@ the class's cells (every profile, that load level) keep one observation's weight
 trust, so the class explores again (ik_llama.cpp's autotune resets on a task change)."""
 _MIN_DECODE_TOKENS = 4  # shorter outputs give no meaningful decode rate
 _MIN_PREFILL_TOKENS = 32  # below this the fixed per-request overhead dominates
-_MAX_STATE_BYTES = 16 << 20  # a state file is kilobytes; anything far larger is not ours
+_MAX_STATE_BYTES = 16 << 20  # a learned file is kilobytes; anything far larger is not ours
 _MAX_CHANGES = 20  # changes kept for /admin/routing
 RECENT_POINTS = 8
 """Per (model, kind, load level, profile), the last requests' (context, decode speed) kept for
@@ -317,10 +317,10 @@ class LearnedStats:
         self._settings = settings
         self._decay = decay_factor(settings.half_life_samples)
         # (model, class, load level) -> profile -> cell. Level 0: the pool, where load is a
-        # number kept in the cell; a per-request process keys its cells by load level instead.
+        # number kept in the cell; one process keys its cells by load level instead.
         self._cells: dict[tuple[str, RequestClass, int], dict[str, _Cell]] = {}
         self.busy: dict[str, BusyDepths] = {}
-        """Per-request process (backend name) -> its busy epochs and what it measured there."""
+        """One process (backend name) -> its busy epochs and what it measured there."""
         self.calibrations: dict[str, Calibration] = {}
         """Start-up calibrations by key (binary, model, flags: proxy.routing.calibrate)."""
         self._recent: dict[tuple[str, str, int], dict[str, deque[tuple[float, float]]]] = {}
@@ -342,7 +342,7 @@ class LearnedStats:
         level: int = 0,
     ) -> None:
         """Add one observation; ``load``: other requests on its backend meanwhile (mean);
-        ``level``: its load level on a per-request process (0: a pool backend)."""
+        ``level``: its load level on one process (0: a pool backend)."""
         cells = self._cells.setdefault((model, cls, level), {})
         cell = cells.setdefault(profile, _Cell())
         speed, out = obs.decode_tok_s, obs.output_tokens
@@ -411,7 +411,7 @@ class LearnedStats:
         self, kind: str, level: int, model: str = ""
     ) -> dict[str, list[tuple[float, float]]]:
         """Per profile, the last requests' (context tokens, decode tok/s) of a content kind at
-        a load level of a per-request process, oldest first."""
+        a load level of one process, oldest first."""
         by_profile = self._recent.get((model, kind, level), {})
         return {profile: list(points) for profile, points in by_profile.items()}
 
@@ -489,7 +489,7 @@ class LearnedStats:
 
     @classmethod
     def load(cls, path: Path, settings: RoutingSettings) -> LearnedStats:
-        """Load a state file; anything missing or corrupt starts empty (see load_report)."""
+        """Load the learned file; anything missing or corrupt starts empty (see load_report)."""
         stats = cls(settings)
         log = structlog.get_logger("proxy.routing.stats").bind(path=str(path))
         try:
@@ -554,7 +554,7 @@ class ModelStats:
         return self.stats.view(cls, self.model)
 
     def view_at(self, cls: RequestClass, level: int) -> dict[str, Estimate]:
-        """A per-request process's estimates at one load level (routing.depth)."""
+        """One process's estimates at one load level (routing.depth)."""
         return self.stats.view(cls, self.model, level)
 
     def recent_at(self, kind: str, level: int) -> dict[str, list[tuple[float, float]]]:

@@ -113,7 +113,7 @@ async def chart(request: web.Request) -> web.StreamResponse:
 
 
 async def service(request: web.Request) -> web.Response:
-    """What this service runs, read-only: its process, config file and state file in force
+    """What this service runs, read-only: its process, config file and learned file in force
     (environment overrides applied), the routing settings it classifies with, and each model's
     plan with the draft settings of its processes. `mtp-proxy tune --url` measures through the
     service from this, and applies its result where the service reads it."""

@@ -4,6 +4,6 @@ grid (candidate settings) -> where to measure: through the running service (serv
 service_run) or on tune's own processes (guard, own_job, runner, launch) -> context (the
 server's real context) -> workload (what is replayed, sized to it) -> plan, estimate -> record,
 measure, failures -> store (resumable results) -> analysis (the router's classes, median and
-spread) -> recommend (fewest profiles, seeded routing state) -> summary, outputs, chart ->
+spread) -> recommend (fewest profiles, a seeded learned file) -> summary, outputs, chart ->
 apply. The command line is in ``command``; the map of every module is in ``proxy/__init__.py``.
 """

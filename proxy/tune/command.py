@@ -348,7 +348,7 @@ async def _apply(
     admin_key: str | None,
     keep_start_depth: int | None = None,
 ) -> int:
-    """--apply: the config, the state file, the reload (proxy.tune.report.apply)."""
+    """--apply: the config, the learned file, the reload (proxy.tune.report.apply)."""
     rec = outcome.rec
     if rec is None or outcome.table is None:
         print("not applied: nothing was measured")

@@ -82,7 +82,7 @@ EMPTY_BY_DESIGN: dict[tuple[str, str, str], str] = {
     "profile bad's, not max's",
 }
 DRAFTING = {"min", "max"}
-AGENT = "agent"  # the one-process model
+AGENT = "agent"  # the model served by one process
 SERVED = {"off", "min", "max"}
 
 
@@ -448,7 +448,7 @@ def test_unrouted_requests_are_counted_apart(scraped: tuple[Prometheus, ProxyPro
 
 def test_the_variables_list_what_served_requests(scraped: tuple[Prometheus, ProxyProcess]) -> None:
     """As Grafana's label_values() lists them: the models, and the profiles that served, which
-    for the one-process model are its depths, not its process's name (one-copy)."""
+    for the model served by one process are its depths, not its process's name."""
     prometheus, _ = scraped
     variables = json.loads(DASHBOARD.read_text())["templating"]["list"]
     found = {}

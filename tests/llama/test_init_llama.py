@@ -1,6 +1,6 @@
 """`mtp-proxy init` on a tiny qwen35 GGUF with MTP layers, with the patched llama-server found
 through the build script's cache: check-config accepts the file as written, and the proxy
-serves it (one process, per-request depths) with nothing changed but the port, the state file
+serves it (one process, per-request depths) with nothing changed but the port, the learned file
 (given as environment variables, as the systemd unit gives the latter) and the calibration's
 length: the tiny model decodes ~2 tok/s beside two busy loops, where 96 tokens at each depth
 outlast the wait for ready."""
@@ -88,4 +88,4 @@ def test_init_then_check_config_then_serve(tmp_path: Path) -> None:
     assert served == (200, "max")
     assert backend == "tiny-qwen3.6-mtp/one-copy"
     assert plans and plans[0]["draft_control"] == "per-request"  # the patched build, found
-    assert (tmp_path / "learned-stats.json").is_file()  # the state file the environment chose
+    assert (tmp_path / "learned-stats.json").is_file()  # the learned file the environment chose

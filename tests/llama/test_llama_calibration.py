@@ -1,5 +1,5 @@
 """The start-up calibration on the real llama-server: the patched build (it honours the depth)
-is measured before it is announced ready and a restart finds the measurement in the state file;
+is measured before it is announced ready and a restart finds the measurement in the learned file;
 the stock build (it ignores the depth) is not measured at all.
 
 The tiny qwen35 model's MTP block drafts what its trunk says, so every draft is accepted: the

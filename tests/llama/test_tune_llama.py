@@ -1,7 +1,7 @@
 """`mtp-proxy tune` end to end on the real llama-server with tiny qwen35 MTP models.
 
 On stock llama-server one process per setting, on the patched build (scripts/build-llama-server.sh)
-the depth per request in one process; through a running one-process service (`--url`) with
+the depth per request in one process; through a running service on one process (`--url`) with
 another client's traffic beside it; a config whose -c the server cannot hold; and `--apply`
 followed by the reload that makes the service route `learned` from its first request.
 """
@@ -272,7 +272,7 @@ def test_apply_writes_the_service_config_and_state_and_the_reload_routes_learned
     tmp_path: Path,
 ) -> None:
     """--url --apply on a model where drafting wins: the config gets the profiles named by
-    their setting (backup kept), the state file the service reads is seeded, the SIGHUP makes the
+    their setting (backup kept), the learned file the service reads is seeded, the SIGHUP makes the
     service load both without restarting its process, and its first request is routed
     `learned`."""
     model_file = tmp_path / "heavy.gguf"

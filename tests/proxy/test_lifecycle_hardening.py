@@ -1,5 +1,5 @@
 """Start, reload and death of a real proxy process: a reload whose backends cannot start keeps
-the old ones serving; a port in use, a missing binary, corrupt state files; children that die
+the old ones serving; a port in use, a missing binary, corrupt learned files; children that die
 with a proxy killed by SIGKILL."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def events(proxy: ProxyProcess, name: str) -> list[dict[str, Any]]:
     return [line for line in proxy.log_lines() if line.get("event") == name]
 
 
-# --- 3: a reload whose changed backends cannot start ----------------------------------------
+# --- a reload whose changed backends cannot start -------------------------------------------------
 
 
 def test_a_reload_whose_backends_cannot_start_keeps_the_old_ones(tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_a_reload_whose_backends_cannot_start_keeps_the_old_ones(tmp_path: Path)
         proxy.stop()
 
 
-# --- 11: the port is bound before children are spawned ------------------------------------
+# --- the port is bound before children are spawned ------------------------------------------------
 
 
 def test_a_port_in_use_exits_2_at_once_without_spawning(tmp_path: Path) -> None:
@@ -113,7 +113,7 @@ def test_a_port_in_use_exits_2_at_once_without_spawning(tmp_path: Path) -> None:
     assert not events(proxy, "spawned")
 
 
-# --- 12: a missing or non-executable backend binary -----------------------------------------
+# --- a missing or non-executable backend binary ---------------------------------------------------
 
 
 @pytest.mark.parametrize("binary", ["/nonexistent/llama-server", "not-executable"])
@@ -144,7 +144,7 @@ def test_an_unusable_binary_exits_2_listing_the_problems(tmp_path: Path, binary:
         assert "is not an executable file" in done.stderr
 
 
-# --- 13: corrupt state files ----------------------------------------------------------------
+# --- corrupt learned files ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["fifo", "deep", "garbage", "directory"])
@@ -173,7 +173,7 @@ def test_a_corrupt_state_file_starts_empty_with_a_warning(tmp_path: Path, kind: 
         proxy.stop()
 
 
-# --- 14: children die with the proxy --------------------------------------------------------
+# --- children die with the proxy ------------------------------------------------------------------
 
 
 def test_children_die_with_a_proxy_killed_by_sigkill_and_a_restart_serves(tmp_path: Path) -> None:

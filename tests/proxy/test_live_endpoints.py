@@ -1,6 +1,6 @@
 """The live page's side of the proxy, over HTTP against a real proxy on the simulator: its files
 (/ui/), the admin reads it polls (/admin/requests, /admin/depths, /admin/chart), the busy-depth
-metric, `mtp-proxy status` on a one-process model. The page in a browser: tests/ui/."""
+metric, `mtp-proxy status` on a model served by one process. The page in a browser: tests/ui/."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ CLIENT = {"Authorization": f"Bearer {CLIENT_KEY}"}
 
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
-    """A one-process model behind client API keys (the page's files need none)."""
+    """A model served by one process behind client API keys (the page's files need none)."""
     model = simulator_model(draft_control="per-request", time_scale=50.0, slots=4)
     config = proxy_config(
         [model], routing={"clock_scale": 50.0, "seed": 1}, server={"api_keys": [CLIENT_KEY]}

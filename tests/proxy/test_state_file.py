@@ -135,7 +135,7 @@ def test_learned_state_is_saved_periodically_and_survives_a_crash(tmp_path: Path
 
 
 def test_a_state_file_with_huge_finite_numbers_does_not_break_routing(tmp_path: Path) -> None:
-    """A finite but absurd busy weight (1e308) in a state file overflowed the busy epochs'
+    """A finite but absurd busy weight (1e308) in a learned file overflowed the busy epochs'
     arithmetic: every request answered 500. Such measurements are dropped at load like others
     (the learned cells hold such numbers without harm: they are kept)."""
     state_file = tmp_path / "learned.json"
@@ -178,7 +178,7 @@ def test_a_state_file_with_huge_finite_numbers_does_not_break_routing(tmp_path: 
 
 
 def test_saving_a_large_state_does_not_stall_the_proxy(tmp_path: Path) -> None:
-    """A large state file (12,000 cells) saved every 0.5 s: the proxy keeps answering between
+    """A large learned file (12,000 cells) saved every 0.5 s: the proxy keeps answering between
     the steps of each save. Before, each save serialized it in one go on the event loop, and
     every request waited as long as that took (measured here, in this process, as a ratio's
     reference: the proxy's longest answer must stay well under it)."""

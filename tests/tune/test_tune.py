@@ -1,5 +1,5 @@
 """`mtp-proxy tune` on the simulator: it must find the calibrated truth from its own measurements,
-its outputs must be usable as they are (profiles, a routing state that warms a real proxy), and
+its outputs must be usable as they are (profiles, a learned file that warms a real proxy), and
 a run must survive Ctrl-C and resume without measuring anything twice.
 
 The simulator runs with --latent-sigma 0 and a compressed clock; what remains is the sampling

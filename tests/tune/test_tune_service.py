@@ -102,7 +102,7 @@ def _admin(proxy: ProxyProcess, path: str) -> Any:
 
 
 def test_url_then_apply_seeds_the_state_the_service_reads_and_reloads_it(tmp_path: Path) -> None:
-    """Measured through the one-process service and applied to it: the state file in force
+    """Measured through the service on one process and applied to it: the learned file in force
     (the service says which), the config with profiles named by their setting and their roles,
     the SIGHUP; the process is not replaced, and the first request is routed `learned`."""
     state = tmp_path / "state" / "learned.json"

@@ -1,12 +1,12 @@
 """The live page (/ui/) in a real browser against a real proxy under traffic.
 
-Debian's chromium, driven by chromedriver (tests/support/browser.py), opens
-`/ui/#key=ADMIN_KEY` while an agent-like session and background clients send requests to a
-one-process model on the simulator. It must show, within seconds, every request just sent with
-the depth the proxy gave it (the answer's X-MTP-Profile), why (X-MTP-Route-Reason) and its
-tokens; the backend with its state; the depth the process runs now; the speedup each depth has
-earned against off; the chart. The console must stay free of errors. A screenshot of the page
-is saved to build/ui/live-page.png (build/ is ignored by git; CI keeps it as an artifact).
+Debian's chromium, driven by chromedriver (tests/support/browser.py), opens `/ui/#key=ADMIN_KEY`
+while an agent-like session and background clients send requests to a model served by one
+process on the simulator. It must show, within seconds, every request just sent with the depth
+the proxy gave it (the answer's X-MTP-Profile), why (X-MTP-Route-Reason) and its tokens; the
+backend with its state; the depth the process runs now; the speedup each depth has earned
+against off; the chart. The console must stay free of errors. A screenshot of the page is saved
+to build/ui/live-page.png (build/ is ignored by git; CI keeps it as an artifact).
 """
 
 from __future__ import annotations

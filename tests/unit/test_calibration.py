@@ -1,5 +1,5 @@
 """The start-up calibration as data (routing.calibration): the cold rule it implies per load
-level, the busy epochs' prior it gives, its key, and its place in the state file. Plain values
+level, the busy epochs' prior it gives, its key, and its place in the learned file. Plain values
 in; the measurement itself runs against real simulators (tests/proxy/test_calibration.py)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """proxy.config.overrides: the MTP_PROXY_* variables of the environment and of a systemd unit,
-matched to the settings they override, against what the file says; the state file in force
+matched to the settings they override, against what the file says; the learned file in force
 (what check-config prints and tune --apply seeds)."""
 
 from __future__ import annotations

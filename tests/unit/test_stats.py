@@ -375,7 +375,7 @@ def many_cells(models: int) -> LearnedStats:
 
 
 def old_dumps(stats: LearnedStats) -> bytes:
-    """The state file's bytes as the one-piece serializer wrote them (its format is kept)."""
+    """The learned file's bytes as the one-piece serializer wrote them (its format is kept)."""
     state = json.loads(stats.dumps())
     return json.dumps(state, separators=(",", ":")).encode()
 

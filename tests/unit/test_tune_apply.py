@@ -1,5 +1,5 @@
 """`tune --apply`: the running unit whose service it reloads, the config rewritten with a backup
-and its comments kept, a proxy that does not overwrite a state file another writer replaced; and
+and its comments kept, a proxy that does not overwrite a learned file another writer replaced; and
 tune's own processes refused where the service's model already occupies the GPU. (Which state
 file it seeds: tests/unit/test_overrides.py.)"""
 
@@ -183,7 +183,7 @@ def test_applied_files_keep_the_owners_the_service_reads_them_as(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Run as root (sudo) on /etc/mtp-proxy and /var/lib/mtp-proxy: the new config keeps its
-    owners and mode, and the state file those of the old one, or its folder's (the service's
+    owners and mode, and the learned file those of the old one, or its folder's (the service's
     own user) for a new one; otherwise the service could no longer read them."""
     config = _config(tmp_path)
     mine = (os.geteuid(), os.getegid())

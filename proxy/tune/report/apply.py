@@ -8,10 +8,10 @@
    model served by one process keeps its process's start-up depth (``draft_n_max`` on the
    model): the process then runs with the same flags, and a reload does not replace it (a
    start-first replacement would need room for a second copy of the weights).
-2. The seeded state: into the state file the service reads (``/admin/service`` through
+2. The seeded state: into the learned file the service reads (``/admin/service`` through
    ``--url``; else the environment of its systemd unit, this shell's, or the file:
    proxy.config.overrides), added to what is already learned there.
-3. The reload: SIGHUP to the service (it re-reads the config and, since the state file was
+3. The reload: SIGHUP to the service (it re-reads the config and, since the learned file was
    replaced by another writer, loads it: proxy.lifecycle.reload); for a service under systemd, or
    one tune may not signal, the line to type (``sudo systemctl reload mtp-proxy``). The unit's main
    process is the one thing asked of systemd (``systemctl show``): no file says it.
@@ -175,7 +175,7 @@ def _own(path: Path, owner: Owner) -> None:
 def write_state(
     where: StateFile, seed: Any, routing: RoutingSettings, out: Path
 ) -> tuple[list[str], bool]:
-    """Seed the state file in force: ``seed(base)`` adds the measurements to the state loaded
+    """Seed the learned file in force: ``seed(base)`` adds the measurements to the state loaded
     from it. The lines saying what was done, and whether the file was written."""
     if where.path is None:
         return [
@@ -201,7 +201,7 @@ def write_state(
 
 
 def _state_owner(path: Path) -> Owner | None:
-    """The state file's mode and owners; for a new one, its folder's owners (None: unknown)."""
+    """The learned file's mode and owners; for a new one, its folder's owners (None: unknown)."""
     try:
         return _owner_of(path.stat())
     except FileNotFoundError:

@@ -1,4 +1,4 @@
-"""What a tune run leaves behind: the table (printed, CSV, JSON), profiles.toml, the state file.
+"""What a tune run leaves behind: the table (printed, CSV, JSON), profiles.toml, the learned file.
 
 OUT/results.csv      one row per setting x class
 OUT/results.json     {"run": ..., "rows": [...], "left_out": [...], "no_data": [...],

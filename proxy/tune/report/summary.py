@@ -8,8 +8,8 @@ Exit codes (``EXIT_CODES``, also in ``--help`` and docs/tune.md):
   copy of the weights on the GPU the service uses).
 - 3: incomplete: a class of the plan got no data, because its prompts do not fit the server's
   context or every request of it failed. The outputs are written and name each such class.
-- 4: measured, but ``--apply`` was not done (a provisional result, or the config or state file
-  could not be written); the outputs say why.
+- 4: measured, but ``--apply`` was not done (a provisional result, or the config or the learned
+  file could not be written); the outputs say why.
 - 130: interrupted (Ctrl-C); the outputs are written from what was measured, a rerun resumes.
 """
 

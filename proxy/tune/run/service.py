@@ -1,7 +1,7 @@
 """The running service, as tune sees it: what it runs, what else it is decoding, whether it runs.
 
 ``GET /admin/service`` (proxy.serving.admin) says what the service runs: its pid, config file and
-state file in force, the routing settings it classifies with, and each model's plan with the
+learned file in force, the routing settings it classifies with, and each model's plan with the
 draft flags of its processes. ``GET /admin/backends`` gives each backend's requests in flight:
 sampled while a measured request runs, it tells what else was decoding beside it.
 

@@ -96,8 +96,8 @@ async def await_reload(
     state_after: float | None = None,
 ) -> str:
     """Wait until the service serves ``profiles`` for ``model`` on a ready backend (and, with
-    ``state_after``, loaded its state file since that time); what it says then (its learned
-    state's load report), or why it did not within the time."""
+    ``state_after``, loaded its learned file since that time); what it says then (its learned
+    file's load report), or why it did not within the time."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
     async with aiohttp.ClientSession(trust_env=False) as session:
