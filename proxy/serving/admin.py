@@ -17,7 +17,7 @@ from proxy.plans.plan import ModelPlan, processes
 from proxy.serving import live
 from proxy.serving.errors import error_response
 from proxy.serving.expect import expect_handler
-from proxy.serving.middlewares import key_matches, presented_key
+from proxy.serving.middlewares import header_bytes, key_matches, presented_key
 from proxy.state import STATE, ProxyState
 from supervisor.flags import CTX_SIZE, positive_int
 from supervisor.spec import DraftSpec
@@ -37,7 +37,8 @@ def _refusal(request: web.Request) -> web.Response | None:
     admin_key = request.app[STATE].settings.server.admin_key
     if admin_key is None:
         return error_response("openai", 404, "admin endpoints are disabled (no admin_key set)")
-    presented = request.headers.get("X-Admin-Key") or presented_key(request)
+    admin_header = request.headers.get("X-Admin-Key")
+    presented = header_bytes(admin_header) if admin_header else presented_key(request)
     if presented is None or not key_matches(presented, [admin_key.get_secret_value()]):
         return error_response("openai", 401, "invalid or missing admin key")
     return None
