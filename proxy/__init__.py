@@ -47,7 +47,8 @@ A request, in the order it is served:
 - ``compat.output_format``: Messages ``output_config.format``, which llama-server drops: a 400.
 - ``compat.session_prefix``: Claude Code's per-session billing digits made constant.
 - ``compat.codex_tools``: Codex's ``additional_tools`` -> tools; its calls back as Codex's.
-- ``compat.input_items``: Responses items without a type, reasoning items without content.
+- ``compat.input_items``: Responses items without a type, reasoning items without content,
+  item references.
 - ``compat.text_format``: Responses ``text.format`` -> the ``response_format`` that is enforced.
 - ``compat.system_turns``: late system messages for a template that refuses them, kept in place.
 - ``compat.llama_errors``: llama-server's error answers, read (their ``error`` object).

@@ -26,7 +26,7 @@ from proxy.compat.codex_tools import (
     rewritten_body,
     tool_map,
 )
-from proxy.compat.input_items import mend_input_items
+from proxy.compat.input_items import check_item_references, mend_input_items
 from proxy.compat.outcome import Refused, Unmendable
 from proxy.compat.output_format import check_output_format
 from proxy.compat.session_prefix import mend_session_prefix
@@ -144,6 +144,7 @@ class RequestMends:
                     self.tools = tool_map(body) or None
                 body = self._apply("codex_additional_tools", mend_additional_tools, body)
             if settings.responses_input_items:
+                check_item_references(body)
                 body = self._apply("responses_input_items", mend_input_items, body)
             if settings.structured_output:
                 body = self._apply("structured_output", mend_text_format, body)

@@ -480,7 +480,8 @@ class CompatSettings(BaseModel):
         default=True,
         description="Type /v1/responses input items that have a role but no type, and drop "
         "empty reasoning items. llama-server answers both 400 (the AI SDK's second turn: "
-        "opencode, Kilo Code).",
+        "opencode, Kilo Code). An item_reference, which llama-server cannot resolve (it "
+        "stores no responses), gets a 400 that says to send the full items or store: false.",
     )
     structured_output: bool = Field(
         default=True,

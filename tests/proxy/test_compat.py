@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.compat.input_items import ITEM_REFERENCE_ADVICE
 from proxy.compat.output_format import MESSAGE as OUTPUT_FORMAT_MESSAGE
 from proxy.compat.overflow import RESPONSES_MESSAGE
 from tests.support.harness import (
@@ -345,6 +346,37 @@ def output_items(answer: bytes, stream: bool) -> list[dict[str, Any]]:
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert done == events[-1]["response"]["output"]
     return done
+
+
+# --- Responses: item_reference -------------------------------------------------------------------
+
+
+def test_an_item_reference_is_a_400_that_says_what_to_send(
+    proxy: ProxyProcess, unmended: ProxyProcess
+) -> None:
+    """What @ai-sdk/openai sends for an earlier turn by default: llama-server stores no
+    responses, so nothing can resolve it; the answer says what to send instead."""
+    body = {
+        "model": "chatml",
+        "max_output_tokens": 8,
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "item_reference", "id": "msg_0123"},
+            {"role": "user", "content": [{"type": "input_text", "text": "and now?"}]},
+        ],
+    }
+    for stream in (False, True):
+        status, answer = post(proxy, "/v1/responses", {**body, "stream": stream})
+        assert status == 400, answer
+        error = json.loads(answer)["error"]
+        assert error["type"] == "invalid_request_error"
+        assert error["message"].startswith("input[1] is an item_reference (id 'msg_0123'): ")
+        assert error["message"].endswith(ITEM_REFERENCE_ADVICE)
+    status, answer = post(unmended, "/v1/responses", body)  # llama-server's own, bare
+    assert (status, json.loads(answer)["error"]["message"]) == (
+        400,
+        "Cannot determine type of 'item'",
+    )
 
 
 # --- Messages: output_config.format ---------------------------------------------------------------
