@@ -36,6 +36,7 @@ from proxy.plans.plan import (
 from proxy.plans.preflight import pool_fits, render, run_preflight
 from supervisor.commandline import LlamaServerNotFoundError
 from supervisor.spec import BackendSpec
+from supervisor.urls import shown
 
 
 def check_config(path: Path, unit: Path | None = None) -> int:
@@ -56,7 +57,7 @@ def check_config(path: Path, unit: Path | None = None) -> int:
             print(f"  {_fallback_memory(model)}")
         for spec in (s for s in specs if s.model == model.name):
             target = spec.url or " ".join([*spec.argv, "--host", "127.0.0.1", "--port", "<free>"])
-            print(f"  {spec.name}: {target}")
+            print(f"  {spec.name}: {shown(target)}")
     names = settings.model_names
     for pattern, target_model in names.patterns.items():
         print(f"model names matching {pattern!r}: {target_model}")

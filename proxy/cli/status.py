@@ -21,6 +21,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from supervisor.urls import shown
+
 _TIMEOUT_S = 5.0
 
 
@@ -38,9 +40,9 @@ def print_status(url: str, admin_key: str | None, watch: float | None = None) ->
     key = admin_key or os.environ.get("MTP_PROXY_ADMIN_KEY")
     if watch is None:
         try:
-            print(read_status(url, key))
+            print(shown(read_status(url, key)))
         except StatusError as exc:
-            print(f"mtp-proxy status: {exc}", file=sys.stderr)
+            print(shown(f"mtp-proxy status: {exc}"), file=sys.stderr)
             return 1
         return 0
     clear = _CLEAR if sys.stdout.isatty() else ""
@@ -51,6 +53,7 @@ def print_status(url: str, admin_key: str | None, watch: float | None = None) ->
             except StatusError as exc:
                 frame = f"mtp-proxy status: {exc}"
             stamp = time.strftime("%H:%M:%S")
+            frame = shown(frame)  # credentials in a URL are masked wherever one is shown
             print(f"{clear}{frame}\n\n(every {watch:g} s, {stamp}; Ctrl-C to stop)", flush=True)
             time.sleep(watch)
     except KeyboardInterrupt:

@@ -30,6 +30,7 @@ from proxy.config.routing import RoutingSettings
 from supervisor.flags import PARALLEL, positive_int
 from supervisor.settings import SupervisorSettings
 from supervisor.spec import DraftSpec
+from supervisor.urls import base_url_problem
 
 BackendKind = Literal["simulator", "llama-server"]
 DraftControlSetting = Literal["auto", "per-request", "per-process"]
@@ -115,7 +116,9 @@ class ProfileSettings(BaseModel):
     url: str | None = Field(
         default=None,
         description="Base URL of a llama-server already running elsewhere that serves this "
-        "profile. http:// or https://; the proxy watches it and starts nothing.",
+        "profile. http:// or https://; the proxy watches it and starts nothing. No query or "
+        "fragment: credentials go in the userinfo (http://user:password@host), masked wherever "
+        "the URL is shown.",
     )
 
     @model_validator(mode="after")
@@ -124,9 +127,9 @@ class ProfileSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _url_is_http(self) -> ProfileSettings:
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError("url must start with http:// or https://")
+    def _url_is_a_base_url(self) -> ProfileSettings:
+        if self.url is not None and (problem := base_url_problem(self.url)) is not None:
+            raise ValueError(problem)
         return self
 
     def draft(self) -> DraftSpec:
