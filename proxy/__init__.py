@@ -31,7 +31,7 @@ Start-up (``mtp-proxy serve``) and the life of the process:
   cause.
 - ``lifecycle.reload``: SIGHUP re-reads the configuration file and applies its models.
 - ``lifecycle.learned_file``: the state file as the proxy last read or wrote it; others' writes
-  kept.
+  kept; its failed saves; whether the service's user can write it.
 - ``lifecycle.drain``: graceful shutdown: the requests in flight finish before the backends stop.
 
 A request, in the order it is served:

@@ -75,11 +75,12 @@ def read_status(url: str, key: str | None) -> str:
     """The tables, as text; StatusError when the proxy cannot be read."""
     try:
         backends = _get(url, "/admin/backends", key)["backends"]
-        depths = _get(url, "/admin/depths", key)["backends"]
+        now = _get(url, "/admin/depths", key)
+        depths, warnings = now["backends"], now.get("warnings") or []
         routing = _get(url, "/admin/routing", key)
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, AttributeError):
         raise StatusError(f"{url} does not answer like mtp-proxy") from None
-    return render_status(url, backends, routing, depths)
+    return render_status(url, backends, routing, depths, warnings)
 
 
 def render_status(
@@ -87,6 +88,7 @@ def render_status(
     backends: list[dict[str, Any]],
     routing: dict[str, Any],
     depths: list[dict[str, Any]] | None = None,
+    warnings: Sequence[str] = (),
 ) -> str:
     ready = sum(1 for b in backends if b.get("state") == "ready")
     summary = (
@@ -95,6 +97,7 @@ def render_status(
     )
     sections = [
         summary,
+        *(f"warning: {warning}" for warning in warnings),
         "",
         "Backends",
         _backends_table(backends),
