@@ -19,7 +19,8 @@ Start-up (``mtp-proxy serve``) and the life of the process:
 - ``observability.logs``: structlog JSON lines (a console renderer on a tty), credentials redacted.
 - ``plans.plan``: how each model is served (one process, pool, single) and its backend specs.
 - ``plans.preflight``: whether the backends fit in GPU memory, said before they start.
-- ``plans.gguf``: what a GGUF says about itself: trained context, MTP layers, KV shape.
+- ``plans.gguf``: what a GGUF says about itself (read bounded): trained context, MTP layers, KV
+  shape.
 - ``app``: the aiohttp application (routes, middlewares, cleanup contexts) and ``serve``.
 - ``state``: ProxyState, the long-lived objects under one app key.
 - ``serving.backends``: LiveBackends, the live view of every backend: readiness and load.
