@@ -42,6 +42,8 @@ A request, in the order it is served:
 - ``serving.middlewares``: client keys, and errors in the called API's own shape.
 - ``serving.handlers``: the generation handlers; models, health and metrics.
 - ``serving.body``: reading the body: size limit, read deadline, framing errors, gzip.
+- ``serving.body_items``: the body held to its item caps before it is parsed; large ones parsed
+  off the loop.
 - ``serving.model_names``: the model name a client sends -> the configured model.
 - ``compat.request``: the mends of one request (``[compat]``): the bytes each backend gets.
 - ``compat.outcome``: how a mend says it cannot (Unmendable) or must not (Refused) go ahead.

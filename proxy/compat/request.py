@@ -181,18 +181,18 @@ class Chained:
 
 
 def counted_body(
-    settings: CompatSettings, path: str, raw: bytes, backend: str, late_system: LateSystemOf
+    settings: CompatSettings,
+    path: str,
+    raw: bytes,
+    parsed: object,
+    backend: str,
+    late_system: LateSystemOf,
 ) -> bytes:
-    """A forwarded request's body: a token-counting one mended as its generation twin would be
-    (the count is of the prompt the backend would process; the refusing template refuses the
-    unmended one too), any other as it came."""
+    """A forwarded request's body (``raw``, and ``parsed``: what it parsed to, None when it is
+    no JSON): a token-counting one mended as its generation twin would be (the count is of
+    the prompt the backend would process; the refusing template refuses the unmended one
+    too), any other as it came."""
     api = COUNTING_APIS.get(path)
-    if api is None or not raw:
-        return raw
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+    if api is None or not isinstance(parsed, dict):
         return raw  # the backend judges it
-    if not isinstance(body, dict):
-        return raw
-    return RequestMends(settings, api, raw, body, late_system).raw_for(backend)
+    return RequestMends(settings, api, raw, parsed, late_system).raw_for(backend)

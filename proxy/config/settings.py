@@ -349,6 +349,36 @@ class ServerSettings(BaseModel):
         "inflated (after the key check, in bounded steps) to at most this and forwarded plain; "
         "other encodings get 415, broken gzip 400.",
     )
+    max_messages: int = Field(
+        default=100_000,
+        ge=1,
+        description="Most messages in one request (messages of chat and Messages); more get "
+        "413. Checked, with the caps below, before the body is walked: 32 MiB of empty "
+        "messages is 11 million objects.",
+    )
+    max_input_items: int = Field(
+        default=100_000,
+        ge=1,
+        description="Most items in one Responses request's input (and in any top-level input "
+        "list); more get 413.",
+    )
+    max_content_parts: int = Field(
+        default=10_000,
+        ge=1,
+        description="Most content parts of one message (or Responses input item); more get 413.",
+    )
+    max_tools: int = Field(
+        default=10_000,
+        ge=1,
+        description="Most tools in one request; more get 413.",
+    )
+    max_body_items: int = Field(
+        default=1_000_000,
+        ge=1_000_000,
+        description="Most JSON items in one request body: objects, arrays and the values between "
+        "commas; more get 413. Counted, before the body is parsed, on bodies of 1 MiB or more "
+        "(a smaller one cannot hold a million); parsed off the event loop, one at a time.",
+    )
     api_keys: list[SecretStr] = Field(
         default=[],
         description="When set, clients must send one (Authorization: Bearer, or x-api-key); "
