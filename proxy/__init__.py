@@ -49,6 +49,7 @@ A request, in the order it is served:
 - ``compat.outcome``: how a mend says it cannot (Unmendable) or must not (Refused) go ahead.
 - ``compat.output_format``: Messages ``output_config.format``, which llama-server drops: a 400.
 - ``compat.session_prefix``: Claude Code's per-session billing digits made constant.
+- ``compat.tool_choice``: a chat tool_choice naming a function -> "required" of that function.
 - ``compat.codex_tools``: Codex's ``additional_tools`` -> tools; its calls back as Codex's.
 - ``compat.input_items``: Responses items without a type, reasoning items without content,
   item references.

@@ -32,6 +32,7 @@ from proxy.compat.output_format import check_output_format
 from proxy.compat.session_prefix import mend_session_prefix
 from proxy.compat.system_turns import mend_system_turns
 from proxy.compat.text_format import mend_text_format
+from proxy.compat.tool_choice import mend_named_tool_choice
 from proxy.config.settings import CompatSettings
 from supervisor.template_check import LateSystem
 
@@ -138,6 +139,8 @@ class RequestMends:
                 check_output_format(body)
             if settings.session_prefix:
                 body = self._apply("session_prefix", mend_session_prefix, body)
+        elif self.api == "chat" and settings.named_tool_choice:
+            body = self._apply("named_tool_choice", mend_named_tool_choice, body)
         elif self.api == "responses":
             if settings.codex_additional_tools:
                 if has_additional_tools(body):

@@ -523,6 +523,13 @@ class CompatSettings(BaseModel):
         "llama-server enforces; /v1/messages output_config.format, which llama-server drops, "
         "gets a 400 naming the field. Off: both are forwarded as sent (and ignored).",
     )
+    named_tool_choice: bool = Field(
+        default=True,
+        description="Force the function a chat request's tool_choice names. llama-server "
+        'reads such a choice as "auto" (the model may answer without calling it); the mend '
+        'sends "required" with that function the request\'s only tool, and refuses (400) a '
+        "name that is not among the tools. Off: forwarded as sent.",
+    )
     codex_additional_tools: bool = Field(
         default=True,
         description="Move Codex's additional_tools input item into the request's tools. "

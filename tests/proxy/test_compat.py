@@ -39,6 +39,7 @@ OFF = {
     "system_turns": "off",
     "responses_input_items": False,
     "structured_output": False,
+    "named_tool_choice": False,
     "codex_additional_tools": False,
     "context_overflow_errors": False,
     "session_prefix": False,
@@ -346,6 +347,34 @@ def output_items(answer: bytes, stream: bool) -> list[dict[str, Any]]:
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert done == events[-1]["response"]["output"]
     return done
+
+
+# --- chat: a named tool_choice --------------------------------------------------------------------
+
+
+def test_a_named_tool_choice_is_forced_as_required(
+    proxy: ProxyProcess, unmended: ProxyProcess
+) -> None:
+    """llama-server reads a tool_choice object as "auto": the proxy sends "required" with the
+    named function the only tool, which llama-server enforces."""
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+        for n in ("read_file", "get_time")
+    ]
+    named = {"type": "function", "function": {"name": "get_time"}}
+    body = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    status, answer = post(proxy, "/v1/chat/completions", {**body, "tool_choice": named})
+    assert status == 200
+    received = json.loads(echoed(answer))
+    assert (received["tool_choice"], received["tools"]) == ("required", tools[1:])
+    status, answer = post(unmended, "/v1/chat/completions", {**body, "tool_choice": named})
+    assert json.loads(echoed(answer))["tool_choice"] == named  # as sent: llama-server's "auto"
+    unknown = {"type": "function", "function": {"name": "nope"}}
+    status, answer = post(proxy, "/v1/chat/completions", {**body, "tool_choice": unknown})
+    assert status == 400
+    assert json.loads(answer)["error"]["message"] == (
+        "tool_choice names the function 'nope', which is not among the request's tools"
+    )
 
 
 # --- Responses: item_reference -------------------------------------------------------------------
