@@ -48,8 +48,13 @@ def completions_wanted(body: dict[str, Any], api: str, slots: int) -> int:
     value = body.get("n")
     if api == "messages" or value is None:
         return 1
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"Field 'n': type must be number, but is {type(value).__name__}")
+    if not isinstance(value, int | float):  # a bool is a number to it, a float is cut
+        kinds: dict[type, str] = {str: "string", list: "array", dict: "object"}
+        kind = kinds.get(type(value), "null")
+        raise BadRequest(
+            f"Field 'n': [json.exception.type_error.302] type must be number, but is {kind}"
+        )
+    value = int(value)
     if not 1 <= value <= slots:
         raise BadRequest(f"Field 'n': Value must be between 1 <= value <= {slots}, but got {value}")
     if value > 1 and (body.get("stream") or api not in _SEVERAL_APIS):
@@ -69,7 +74,7 @@ def top_logprobs_wanted(body: dict[str, Any], api: str) -> int:
         return int(value) if isinstance(value, int | bool) and value > 0 else 0
     if api != "chat":
         return 0
-    if not body.get("logprobs"):
+    if body.get("logprobs") is not True:  # llama-server reads it as a bool, or not at all
         if body.get("top_logprobs") is not None:
             raise BadRequest("top_logprobs requires logprobs to be set to true")
         return 0
@@ -88,31 +93,45 @@ def forced_output(body: dict[str, Any], api: str) -> Forced | None:
     if call is not None:
         return call
     schema = _response_schema(body.get("response_format"))
-    return None if schema is None else Forced(json.dumps(instance(schema, schema)))
+    return None if schema is None else Forced(json.dumps(_instance_or_object(schema)))
+
+
+def _instance_or_object(schema: dict[str, Any]) -> Any:
+    """An instance of ``schema``; an empty object where the schema is not one (llama-server
+    would refuse it: the simulator does not model its schema compiler's words)."""
+    try:
+        return instance(schema, schema)
+    except (TypeError, ValueError, AttributeError, KeyError):
+        return {}
 
 
 def _forced_call(body: dict[str, Any]) -> Forced | None:
     choice = body.get("tool_choice", "auto")
     if isinstance(choice, str) and choice not in ("auto", "none", "required"):
         raise BadRequest(f"Invalid tool_choice: {choice}")
-    tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
-    if choice != "required" or not tools:
+    tools = body.get("tools")
+    listed = tools if isinstance(tools, list) else []  # another type: none (llama-server: 500)
+    functions: list[dict[str, Any]] = [
+        t["function"] for t in listed if isinstance(t, dict) and isinstance(t.get("function"), dict)
+    ]
+    if choice != "required" or not functions:
         return None  # a named function (an object) is read as "auto", as llama-server does
-    function = tools[0].get("function") or {}
-    parameters = function.get("parameters") or {"type": "object"}
-    arguments = instance(parameters, parameters)
-    return Forced(json.dumps(arguments), str(function.get("name", "")))
+    parameters = functions[0].get("parameters")
+    schema = parameters if isinstance(parameters, dict) and parameters else {"type": "object"}
+    return Forced(json.dumps(_instance_or_object(schema)), str(functions[0].get("name", "")))
 
 
 def _response_schema(response_format: Any) -> dict[str, Any] | None:
     if not isinstance(response_format, dict):
         return None
     kind = response_format.get("type")
+    kind = kind if isinstance(kind, str) else ""  # another type is read as none at all
     if kind == "json_object":
         schema = response_format.get("schema")
     elif kind == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
-    elif kind in (None, "", "text"):
+        wrapper = response_format.get("json_schema")
+        schema = wrapper.get("schema") if isinstance(wrapper, dict) else None
+    elif kind in ("", "text"):
         return None
     else:
         raise BadRequest(

@@ -84,6 +84,8 @@ REFUSED: dict[str, tuple[str, dict[str, Any]]] = {
     "n 0": (CHAT, {"messages": HELLO, "n": 0}),
     "n past the slots": (CHAT, {"messages": HELLO, "n": SLOTS + 1}),
     "n 0 completion": ("/v1/completions", {"prompt": "hi", "n": 0}),
+    "n a string": (CHAT, {"messages": HELLO, "n": "2"}),
+    "logprobs a number": (CHAT, {"messages": HELLO, "logprobs": 1, "top_logprobs": 2}),
     "n past the slots responses": ("/v1/responses", {"input": "hi", "n": SLOTS + 1}),
     "top_logprobs alone": (CHAT, {"messages": HELLO, "top_logprobs": 2}),
     "tool_choice unknown": (CHAT, {"messages": HELLO, "tools": TOOLS, "tool_choice": "bogus"}),
