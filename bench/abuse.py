@@ -173,7 +173,29 @@ def _pinned(url: str, key: str, profile: str) -> Callable[[], int]:
     return send
 
 
-_ACTIONS: dict[str, Callable[..., Callable[[], int]]] = {"bomb": _bomb, "pinned": _pinned}
+def tiny_items_body(size: int) -> bytes:
+    """A chat body of `size` bytes that is nearly all empty messages: `{}` three bytes each
+    (32 MiB: 11 million objects)."""
+    head, tail = b'{"model": "mtp-demo", "messages": [{}', b"]}"
+    count = max((size - len(head) - len(tail)) // 3, 0)
+    return head + b",{}" * count + tail
+
+
+def _items(url: str, key: str, size: int) -> Callable[[], int]:
+    body = tiny_items_body(size)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+    def send() -> int:
+        return _post(url, body, headers, timeout=300)
+
+    return send
+
+
+_ACTIONS: dict[str, Callable[..., Callable[[], int]]] = {
+    "bomb": _bomb,
+    "pinned": _pinned,
+    "items": _items,
+}
 
 
 def _abuse_process(
@@ -242,6 +264,14 @@ def pinned_flood(
 ) -> contextlib.AbstractContextManager[dict[int, int]]:
     """Keyed requests pinned to `profile`, back to back from `workers` threads."""
     return _abuse("pinned", (url, key, profile), workers)
+
+
+def items_flood(
+    url: str, key: str, workers: int, size: int
+) -> contextlib.AbstractContextManager[dict[int, int]]:
+    """Keyed chats of `size` bytes of tiny items (tiny_items_body), back to back from
+    `workers` threads (another process): each is one body in flight."""
+    return _abuse("items", (url, key, size), workers)
 
 
 @contextlib.contextmanager

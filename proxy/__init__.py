@@ -19,7 +19,8 @@ Start-up (``mtp-proxy serve``) and the life of the process:
 - ``observability.logs``: structlog JSON lines (a console renderer on a tty), credentials redacted.
 - ``plans.plan``: how each model is served (one process, pool, single) and its backend specs.
 - ``plans.preflight``: whether the backends fit in GPU memory, said before they start.
-- ``plans.gguf``: what a GGUF says about itself: trained context, MTP layers, KV shape.
+- ``plans.gguf``: what a GGUF says about itself (read bounded): trained context, MTP layers, KV
+  shape.
 - ``app``: the aiohttp application (routes, middlewares, cleanup contexts) and ``serve``.
 - ``state``: ProxyState, the long-lived objects under one app key.
 - ``serving.backends``: LiveBackends, the live view of every backend: readiness and load.
@@ -31,7 +32,7 @@ Start-up (``mtp-proxy serve``) and the life of the process:
   cause.
 - ``lifecycle.reload``: SIGHUP re-reads the configuration file and applies its models.
 - ``lifecycle.learned_file``: the learned file as the proxy last read or wrote it; others' writes
-  kept.
+  kept; its failed saves; whether the service's user can write it.
 - ``lifecycle.drain``: graceful shutdown: the requests in flight finish before the backends stop.
 
 A request, in the order it is served:
@@ -41,13 +42,17 @@ A request, in the order it is served:
 - ``serving.middlewares``: client keys, and errors in the called API's own shape.
 - ``serving.handlers``: the generation handlers; models, health and metrics.
 - ``serving.body``: reading the body: size limit, read deadline, framing errors, gzip.
+- ``serving.body_items``: the body held to its item caps before it is parsed; large ones parsed
+  off the loop.
 - ``serving.model_names``: the model name a client sends -> the configured model.
 - ``compat.request``: the mends of one request (``[compat]``): the bytes each backend gets.
 - ``compat.outcome``: how a mend says it cannot (Unmendable) or must not (Refused) go ahead.
 - ``compat.output_format``: Messages ``output_config.format``, which llama-server drops: a 400.
 - ``compat.session_prefix``: Claude Code's per-session billing digits made constant.
+- ``compat.tool_choice``: a chat tool_choice naming a function -> "required" of that function.
 - ``compat.codex_tools``: Codex's ``additional_tools`` -> tools; its calls back as Codex's.
-- ``compat.input_items``: Responses items without a type, reasoning items without content.
+- ``compat.input_items``: Responses items without a type, reasoning items without content,
+  item references.
 - ``compat.text_format``: Responses ``text.format`` -> the ``response_format`` that is enforced.
 - ``compat.system_turns``: late system messages for a template that refuses them, kept in place.
 - ``compat.llama_errors``: llama-server's error answers, read (their ``error`` object).

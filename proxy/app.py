@@ -294,6 +294,7 @@ async def _save_stats(state: ProxyState) -> None:
     try:
         await asyncio.get_running_loop().run_in_executor(None, learned_file.save, data)
     except OSError as exc:
+        state.metrics.state_save_failures.inc()  # and the live page's warnings (serving.live)
         log.warning("stats_save_failed", path=str(learned_file.path), error=str(exc))
 
 

@@ -70,6 +70,8 @@ class ProxyState:
     (proxy.observability.recent)."""
     inflating: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
     """gzip request bodies inflated at once (proxy.serving.body)."""
+    parsing: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    """Large request bodies counted and parsed at once, off the loop (proxy.serving.body_items)."""
     late_system: dict[str, LateSystem | None] = field(default_factory=dict)
     """Each backend's chat-template check, by name (supervisor.template_check), as the
     supervisor last reported it: the request path reads it without asking the supervisor."""

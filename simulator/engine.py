@@ -158,9 +158,15 @@ class Engine:
         return lo + digest % (hi - lo + 1)
 
     def job(
-        self, prompt: Prompt, max_tokens: int | None, ignore_eos: bool, depth: int | None = None
+        self,
+        prompt: Prompt,
+        max_tokens: int | None,
+        ignore_eos: bool,
+        depth: int | None = None,
+        answer: str | None = None,
     ) -> Job:
-        """Plan a request: tokens, kind, latent, length, draft depth. Raises ContextTooLong."""
+        """Plan a request: tokens, kind, latent, length, draft depth. Raises ContextTooLong.
+        ``answer``: the text the request's form fixes (JSON), which ends it."""
         tokens = self.tokenizer.encode(prompt.text)
         if len(tokens) >= self.n_ctx:
             raise ContextTooLong(len(tokens), self.n_ctx)
@@ -168,9 +174,10 @@ class Engine:
         task_id = next(self._tasks)
         digest = _digest(self.config.seed, prompt.text)
         room = self.n_ctx - len(tokens)
-        natural = room if ignore_eos else min(room, self._natural_length(kind, digest))
+        passage = self.text.passage(kind) if answer is None else self.text.fixed(answer)
+        length = self._natural_length(kind, digest) if answer is None else len(passage.texts)
+        natural = room if ignore_eos and answer is None else min(room, length)
         wanted = natural if max_tokens is None or max_tokens < 0 else max_tokens
-        passage = self.text.passage(kind)
         return Job(
             tokens=tokens,
             kind=kind,
@@ -181,7 +188,7 @@ class Engine:
             limit=min(wanted, natural),
             natural=natural <= wanted and not ignore_eos,
             passage=passage,
-            start=passage.starts[digest % len(passage.starts)],
+            start=0 if answer is not None else passage.starts[digest % len(passage.starts)],
             rng=random.Random(_digest(self.config.seed, digest, task_id)),
             task_id=task_id,
             draft=request_draft(self.draft, depth),

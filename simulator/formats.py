@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from simulator.engine import Job
+from simulator.structured import token_logprobs
 
 BUILD_INFO = "b11434-mtp-simulator"
 DONE = b"data: [DONE]\n\n"
@@ -78,9 +79,20 @@ def _stop_reason(job: Job) -> str:
 
 
 class Response:
-    """One request's identity plus its encoders (stream chunks and non-stream body)."""
+    """One request's identity plus its encoders (stream chunks and non-stream body).
+    ``logprobs``: top tokens listed per generated token (0: none); ``tool``: the answer is a
+    call of this function, its text the arguments (simulator.structured)."""
 
-    def __init__(self, api: Api, model: str, job: Job, body: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        api: Api,
+        model: str,
+        job: Job,
+        body: dict[str, Any],
+        *,
+        logprobs: int = 0,
+        tool: str | None = None,
+    ) -> None:
         self.api = api
         self.model = model
         self.job = job
@@ -90,6 +102,8 @@ class Response:
         options = body.get("stream_options")
         self.include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         self.per_token_timings = bool(body.get("timings_per_token"))
+        self.logprobs, self.tool = logprobs, tool
+        self.tool_call_id = secrets.token_urlsafe(24)[:32]  # llama-server's: 32 characters
         self.started = False
         self._prefix, self._suffix = self._token_frame()
 
@@ -186,10 +200,14 @@ class Response:
             )
         return b""
 
-    def tokens(self, quoted: Sequence[bytes]) -> bytes:
-        """Stream bytes for tokens produced by one step (one chunk/event per token)."""
+    def tokens(self, quoted: Sequence[bytes], first: int = 0) -> bytes:
+        """Stream bytes for tokens produced by one step (one chunk/event per token); ``first``:
+        the answer's position of the first."""
         out = [] if self.started else [self._preamble()]
         self.started = True
+        if (self.logprobs or self.tool) and self.api in (Api.CHAT, Api.COMPLETION):
+            out.extend(_data(chunk) for chunk in self._rich_chunks(first, len(quoted)))
+            return b"".join(out)
         if self.per_token_timings and self.api in (Api.CHAT, Api.COMPLETION):
             timings = f',"timings":{_dumps(self.job.timings.to_json())}'.encode()
             end = self._suffix + timings + b"}\n\n"
@@ -198,6 +216,54 @@ class Response:
         out.extend(self._prefix + q + end for q in quoted)
         return b"".join(out)
 
+    def _rich_chunks(self, first: int, count: int) -> list[dict[str, Any]]:
+        """Token chunks that carry more than the token: its logprobs, or a tool call's
+        arguments (llama-server's deltas: the call's id, type and name with the first)."""
+        texts, ids = self._answer(first, count)
+        entries = self._logprobs(texts, ids) if self.logprobs else [None] * count
+        chunks = []
+        for n, (text, entry) in enumerate(zip(texts, entries, strict=True)):
+            if self.api is Api.COMPLETION:
+                choice: dict[str, Any] = {"text": text, "index": 0}
+                choice |= {"logprobs": entry and {"content": [entry]}, "finish_reason": None}
+                head = self._ids("text_completion")
+                last = head.pop("id")  # llama-server's order: the id last
+                chunks.append({"choices": [choice], **head, "id": last})
+                continue
+            delta: dict[str, Any] = {"content": text}
+            if self.tool:
+                call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+                if first + n == 0:
+                    call |= {"id": self.tool_call_id, "type": "function"}
+                    call["function"] = {"name": self.tool, "arguments": text}
+                delta = {"tool_calls": [call]}
+            choice = {"finish_reason": None, "index": 0, "delta": delta}
+            if entry is not None:
+                choice["logprobs"] = {"content": [entry]}
+            chunks.append({"choices": [choice], **self._ids("chat.completion.chunk")})
+        return chunks
+
+    def _ids(self, obj: str) -> dict[str, Any]:
+        return {
+            "created": self.created,
+            "id": self.id,
+            "model": self.model,
+            "system_fingerprint": BUILD_INFO,
+            "object": obj,
+        }
+
+    def _answer(self, first: int, count: int) -> tuple[list[str], list[int]]:
+        """The texts and ids of the answer's tokens ``first`` .. ``first + count``."""
+        passage, start = self.job.passage, self.job.start + first
+        n = len(passage.texts)
+        texts = [passage.texts[(start + i) % n] for i in range(count)]
+        return texts, [passage.ids[(start + i) % n] for i in range(count)]
+
+    def _logprobs(self, texts: list[str], ids: list[int]) -> list[dict[str, Any]]:
+        passage = self.job.passage
+        alternatives = list(dict(zip(passage.ids, passage.texts, strict=True)).items())[:64]
+        return token_logprobs(texts, ids, alternatives, self.logprobs)
+
     def finish(self, text: str) -> bytes:
         """Closing chunks/events of a stream, timings where llama-server puts them."""
         out = b"" if self.started else self._preamble()
@@ -205,7 +271,7 @@ class Response:
         job, timings = self.job, self.job.timings.to_json()
         if self.api is Api.CHAT:
             final: dict[str, Any] = {
-                "choices": [{"finish_reason": job.finish_reason, "index": 0, "delta": {}}],
+                "choices": [{"finish_reason": self._finish_reason(), "index": 0, "delta": {}}],
                 "created": self.created,
                 "id": self.id,
                 "model": self.model,
@@ -321,21 +387,36 @@ class Response:
             "timings": t.to_json(),
         }
 
+    def _finish_reason(self) -> str:
+        stopped = self.job.finish_reason == "stop"
+        return "tool_calls" if stopped and self.tool else self.job.finish_reason
+
+    def _chat_choice(self, text: str) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.tool:  # llama-server's message of a call: empty content, the call, its id
+            function = {"name": self.tool, "arguments": text}
+            call = {"type": "function", "function": function, "id": self.tool_call_id}
+            message = {"role": "assistant", "content": "", "tool_calls": [call]}
+        choice = {"finish_reason": self._finish_reason(), "index": 0, "message": message}
+        if self.logprobs:
+            choice["logprobs"] = {"content": self._all_logprobs()}
+        return choice
+
+    def _all_logprobs(self) -> list[dict[str, Any]]:
+        return self._logprobs(*self._answer(0, self.job.produced))
+
     def body(self, text: str) -> dict[str, Any]:
         job = self.job
         if self.api is Api.NATIVE:
             return self._native(text)
         if self.api is Api.COMPLETION:
-            return {**self._completion(text), "timings": job.timings.to_json()}
+            completion = {**self._completion(text), "timings": job.timings.to_json()}
+            if self.logprobs:
+                completion["choices"][0]["logprobs"] = {"content": self._all_logprobs()}
+            return completion
         if self.api is Api.CHAT:
             return {
-                "choices": [
-                    {
-                        "finish_reason": job.finish_reason,
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                    }
-                ],
+                "choices": [self._chat_choice(text)],
                 "created": self.created,
                 "model": self.model,
                 "system_fingerprint": BUILD_INFO,

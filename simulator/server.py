@@ -13,7 +13,7 @@ from aiohttp import web
 
 from simulator.config import SimConfig, parse_acceptance_scale
 from simulator.depth import requested_depth
-from simulator.engine import ContextTooLong, Engine
+from simulator.engine import ContextTooLong, Engine, Job
 from simulator.formats import Api, Response
 from simulator.info import detokenize, health, metrics, models, props, slots, tokenize
 from simulator.model import OFF, DraftSettings
@@ -27,6 +27,7 @@ from simulator.prompts import (
     messages_prompt,
     responses_prompt,
 )
+from simulator.structured import completions_wanted, forced_output, top_logprobs_wanted
 from simulator.template import (
     TemplateRefused,
     Turn,
@@ -133,18 +134,49 @@ async def _complete(
 ) -> web.StreamResponse:
     engine = request.app[ENGINE]
     body = await json_body(request)
+    several = completions_wanted(body, api, engine.config.n_parallel)
+    logprobs = top_logprobs_wanted(body, api)
+    forced = forced_output(body, api)  # an answer response_format or tool_choice fixes
     prompt = _prompt(engine, api, body, parse)
     depth = requested_depth(body) if engine.config.request_draft else None
-    job = engine.job(prompt, _max_tokens(body, api), bool(body.get("ignore_eos")), depth)
+    limit, ignore_eos = _max_tokens(body, api), bool(body.get("ignore_eos"))
+    answer, tool = (None, None) if forced is None else (forced.text, forced.tool)
     model = body.get("model")
-    resp = Response(
-        api, model if isinstance(model, str) and model else model_name(engine), job, body
-    )
+    name = model if isinstance(model, str) and model else model_name(engine)
+    responses = [
+        Response(
+            api,
+            name,
+            engine.job(prompt, limit, ignore_eos, depth, answer),
+            body,
+            logprobs=logprobs,
+            tool=tool,
+        )
+        for _ in range(several)  # one slot each, as llama-server's n_cmpl
+    ]
     if not body.get("stream"):
+        return web.json_response(await _whole(engine, responses), dumps=dumps)
+    return await _streamed(request, engine, responses[0])
+
+
+async def _whole(engine: Engine, responses: list[Response]) -> dict[str, Any]:
+    """The complete answer; several completions as choices 0, 1, ... of the first's body."""
+
+    async def run(job: Job) -> None:
         async with contextlib.aclosing(engine.run(job)) as steps:
             async for _ in steps:
                 pass
-        return web.json_response(resp.body(job.text(0, job.produced)), dumps=dumps)
+
+    await asyncio.gather(*(run(r.job) for r in responses))
+    bodies = [r.body(r.job.text(0, r.job.produced)) for r in responses]
+    if len(bodies) > 1:
+        choices = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
+        bodies[0]["choices"] = choices
+    return bodies[0]
+
+
+async def _streamed(request: web.Request, engine: Engine, resp: Response) -> web.StreamResponse:
+    job = resp.job
     out = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -154,7 +186,7 @@ async def _complete(
         async with contextlib.aclosing(engine.run(job)) as steps:
             async for new in steps:
                 first = job.start + sent
-                await out.write(resp.tokens([quoted[(first + i) % n] for i in range(new)]))
+                await out.write(resp.tokens([quoted[(first + i) % n] for i in range(new)], sent))
                 sent += new
         await out.write(resp.finish(job.text(0, job.produced)))
         await out.write_eof()

@@ -103,6 +103,7 @@ def _passage(tokenizer: Tokenizer, source: str) -> Passage:
 
 class OutputText:
     def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
         self._by_kind = {
             Kind.PROSE: _passage(tokenizer, _PROSE),
             Kind.CODE: _passage(tokenizer, _CODE),
@@ -110,3 +111,7 @@ class OutputText:
 
     def passage(self, kind: Kind) -> Passage:
         return self._by_kind[kind]
+
+    def fixed(self, text: str) -> Passage:
+        """A passage of exactly ``text`` (an answer the request's form fixes: JSON)."""
+        return _passage(self._tokenizer, text)

@@ -26,6 +26,7 @@ from supervisor.settings import SupervisorSettings
 from supervisor.spec import BackendSpec
 from supervisor.states import TRANSITIONS, BackendState, check_transition
 from supervisor.template_check import ChatTemplateCheck, check_chat_template
+from supervisor.urls import shown
 
 S = BackendState
 HOST = "127.0.0.1"
@@ -156,8 +157,8 @@ class Child:
             "model": self._spec.model,
             "profile": self._spec.profile,
             "state": str(self._state),
-            "reason": self._reason,
-            "url": self.base_url,
+            "reason": None if self._reason is None else shown(self._reason),
+            "url": None if self.base_url is None else shown(self.base_url),
             "remote": self._spec.is_remote,
             "pid": self.pid,
             "port": self.port,
@@ -165,7 +166,7 @@ class Child:
             "crash_loops": self._crash_loops,
             "health_failures": self._health_failures,
             "last_exit_code": self._last_exit_code,
-            "last_error": self._last_error,
+            "last_error": None if self._last_error is None else shown(self._last_error),
             "uptime_s": None if uptime is None else round(uptime, 3),
             "started_at": None if uptime is None else round(time.time() - uptime, 3),
             "next_start_in_s": (

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from supervisor.flags import SPEC_TYPES_OFF, supervisor_flag_in
+from supervisor.urls import base_url_problem
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,8 @@ class BackendSpec:
             raise ValueError(f"backend {self.name!r}: needs argv (local) or url (remote)")
         if self.url is not None and self.argv:
             raise ValueError(f"backend {self.name!r}: set argv or url, not both")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"backend {self.name!r}: url must start with http:// or https://")
+        if self.url is not None and (problem := base_url_problem(self.url)) is not None:
+            raise ValueError(f"backend {self.name!r}: {problem}")
         if (arg := supervisor_flag_in(self.argv[1:])) is not None:
             raise ValueError(f"backend {self.name!r}: {arg} is set by the supervisor")
 

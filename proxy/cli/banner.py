@@ -12,6 +12,7 @@ from pathlib import Path
 from proxy.config.settings import ModelSettings, Settings
 from proxy.ui.routes import link as ui_link
 from supervisor.flags import CTX_SIZE, PARALLEL, flag_value
+from supervisor.urls import shown
 
 _WIDTH = 11  # the labels' column
 
@@ -97,10 +98,13 @@ def what_runs(model: ModelSettings) -> list[str]:
             f"profiles {profiles} ({model.draft_control})",
         ]
     binary = model.binary or "llama-server"
-    return [
-        f"{model.name}: {binary} on {model.model_path}" + (f" ({shape})" if shape else ""),
-        f"profiles {profiles} ({model.draft_control})",
-    ]
+    parts = []
+    if any(p.url is None for p in model.profiles):
+        parts.append(f"{binary} on {model.model_path}" + (f" ({shape})" if shape else ""))
+    remote = [f"{p.name} at {shown(p.url)}" for p in model.profiles if p.url is not None]
+    if remote:  # credentials in a URL are masked wherever one is shown
+        parts.append("llama-server running elsewhere: " + ", ".join(remote))
+    return [f"{model.name}: {'; '.join(parts)}", f"profiles {profiles} ({model.draft_control})"]
 
 
 def _preset_words(preset: str) -> str:

@@ -1,7 +1,7 @@
 """`mtp-proxy check-config`: validate a configuration as the service will run it, and say
 what it will do. Exit status 2 lists every problem: invalid settings, a missing or unusable
 binary, a model file that does not exist or cannot be read, a GGUF without the MTP layers its
-profiles draft with.
+profiles draft with, a state file the service's user cannot write.
 
 When the installed systemd unit runs this very file, its Environment= lines apply as they will
 in the service (they beat the file); every setting the environment overrides is printed with
@@ -21,9 +21,12 @@ from proxy.config.overrides import (
     Variable,
     effective_state_file,
     overrides,
+    service_unit,
     service_variables,
+    unit_user,
 )
 from proxy.config.settings import ConfigError, ModelSettings, Settings, load_settings
+from proxy.lifecycle.learned_file import state_file_problem
 from proxy.plans.model_files import model_file_problems
 from proxy.plans.plan import (
     ModelPlan,
@@ -36,6 +39,7 @@ from proxy.plans.plan import (
 from proxy.plans.preflight import pool_fits, render, run_preflight
 from supervisor.commandline import LlamaServerNotFoundError
 from supervisor.spec import BackendSpec
+from supervisor.urls import shown
 
 
 def check_config(path: Path, unit: Path | None = None) -> int:
@@ -44,6 +48,9 @@ def check_config(path: Path, unit: Path | None = None) -> int:
     variables = apply_service_environment(path, unit)
     settings = load_or_exit(path)
     problems, warnings = model_file_problems(settings)
+    user = unit_user(service_unit(path, unit))  # the state file as the service will keep it
+    if (problem := state_file_problem(settings.routing.state_file, user)) is not None:
+        problems.append(problem)
     plans = plans_of(settings)
     specs = backends_or_exit(settings, str(path), plans, problems)
     print(f"{path}: OK")
@@ -56,7 +63,7 @@ def check_config(path: Path, unit: Path | None = None) -> int:
             print(f"  {_fallback_memory(model)}")
         for spec in (s for s in specs if s.model == model.name):
             target = spec.url or " ".join([*spec.argv, "--host", "127.0.0.1", "--port", "<free>"])
-            print(f"  {spec.name}: {target}")
+            print(f"  {spec.name}: {shown(target)}")
     names = settings.model_names
     for pattern, target_model in names.patterns.items():
         print(f"model names matching {pattern!r}: {target_model}")

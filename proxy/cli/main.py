@@ -140,11 +140,14 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.cli.banner import render_banner
     from proxy.lifecycle.fail_fast import EXIT_STATUS, ModelCannotStartError
     from proxy.observability.logs import configure_logging
+    from proxy.plans.model_files import gguf_problems
     from proxy.plans.preflight import log_result, run_preflight
     from proxy.serving.connections import ListenError
 
     settings = load_or_exit(args.config)
-    backends_or_exit(settings, str(args.config or "<embedded default>"))
+    # A model file that is no GGUF (or a truncated one) is refused before anything starts.
+    source = str(args.config or "<embedded default>")
+    backends_or_exit(settings, source, problems=gguf_problems(settings))
     if args.host is not None:
         settings.server.host = args.host
     if args.port is not None:

@@ -21,6 +21,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from supervisor.urls import shown
+
 _TIMEOUT_S = 5.0
 
 
@@ -38,9 +40,9 @@ def print_status(url: str, admin_key: str | None, watch: float | None = None) ->
     key = admin_key or os.environ.get("MTP_PROXY_ADMIN_KEY")
     if watch is None:
         try:
-            print(read_status(url, key))
+            print(shown(read_status(url, key)))
         except StatusError as exc:
-            print(f"mtp-proxy status: {exc}", file=sys.stderr)
+            print(shown(f"mtp-proxy status: {exc}"), file=sys.stderr)
             return 1
         return 0
     clear = _CLEAR if sys.stdout.isatty() else ""
@@ -51,6 +53,7 @@ def print_status(url: str, admin_key: str | None, watch: float | None = None) ->
             except StatusError as exc:
                 frame = f"mtp-proxy status: {exc}"
             stamp = time.strftime("%H:%M:%S")
+            frame = shown(frame)  # credentials in a URL are masked wherever one is shown
             print(f"{clear}{frame}\n\n(every {watch:g} s, {stamp}; Ctrl-C to stop)", flush=True)
             time.sleep(watch)
     except KeyboardInterrupt:
@@ -72,11 +75,12 @@ def read_status(url: str, key: str | None) -> str:
     """The tables, as text; StatusError when the proxy cannot be read."""
     try:
         backends = _get(url, "/admin/backends", key)["backends"]
-        depths = _get(url, "/admin/depths", key)["backends"]
+        now = _get(url, "/admin/depths", key)
+        depths, warnings = now["backends"], now.get("warnings") or []
         routing = _get(url, "/admin/routing", key)
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, AttributeError):
         raise StatusError(f"{url} does not answer like mtp-proxy") from None
-    return render_status(url, backends, routing, depths)
+    return render_status(url, backends, routing, depths, warnings)
 
 
 def render_status(
@@ -84,6 +88,7 @@ def render_status(
     backends: list[dict[str, Any]],
     routing: dict[str, Any],
     depths: list[dict[str, Any]] | None = None,
+    warnings: Sequence[str] = (),
 ) -> str:
     ready = sum(1 for b in backends if b.get("state") == "ready")
     summary = (
@@ -92,6 +97,7 @@ def render_status(
     )
     sections = [
         summary,
+        *(f"warning: {warning}" for warning in warnings),
         "",
         "Backends",
         _backends_table(backends),

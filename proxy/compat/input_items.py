@@ -11,11 +11,36 @@
   Such an item carries nothing to render: it is dropped.
 
 Each changes only items llama-server would refuse, so a body it accepts never changes.
+
+- An ``item_reference`` (``{"type": "item_reference", "id": "..."}``), an item of an earlier
+  response named by its id: what ``@ai-sdk/openai`` sends by default for its earlier turns, since
+  OpenAI stores every response. llama-server stores none, so no mend can fill it in; it answered
+  a bare 400 "Cannot determine type of 'item'". ``check_item_references`` refuses it with a 400
+  that says what to do instead.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from proxy.compat.outcome import Refused
+
+ITEM_REFERENCE_ADVICE = (
+    "llama-server stores no responses: send the full items, or `store: false` (with the AI "
+    "SDK: providerOptions.openai.store = false), so that earlier turns come whole"
+)
+
+
+def check_item_references(body: dict[str, Any]) -> None:
+    """Raises Refused, naming the first one, when ``input`` holds an item_reference."""
+    items = body.get("input")
+    if not isinstance(items, list):
+        return
+    for index, item in enumerate(items):
+        if isinstance(item, dict) and item.get("type") == "item_reference":
+            named = item.get("id")
+            which = f" (id {named[:80]!r})" if isinstance(named, str) else ""
+            raise Refused(f"input[{index}] is an item_reference{which}: {ITEM_REFERENCE_ADVICE}")
 
 
 def mend_input_items(body: dict[str, Any]) -> dict[str, Any]:

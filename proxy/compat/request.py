@@ -26,12 +26,13 @@ from proxy.compat.codex_tools import (
     rewritten_body,
     tool_map,
 )
-from proxy.compat.input_items import mend_input_items
+from proxy.compat.input_items import check_item_references, mend_input_items
 from proxy.compat.outcome import Refused, Unmendable
 from proxy.compat.output_format import check_output_format
 from proxy.compat.session_prefix import mend_session_prefix
 from proxy.compat.system_turns import mend_system_turns
 from proxy.compat.text_format import mend_text_format
+from proxy.compat.tool_choice import mend_named_tool_choice
 from proxy.config.settings import CompatSettings
 from supervisor.template_check import LateSystem
 
@@ -138,12 +139,15 @@ class RequestMends:
                 check_output_format(body)
             if settings.session_prefix:
                 body = self._apply("session_prefix", mend_session_prefix, body)
+        elif self.api == "chat" and settings.named_tool_choice:
+            body = self._apply("named_tool_choice", mend_named_tool_choice, body)
         elif self.api == "responses":
             if settings.codex_additional_tools:
                 if has_additional_tools(body):
                     self.tools = tool_map(body) or None
                 body = self._apply("codex_additional_tools", mend_additional_tools, body)
             if settings.responses_input_items:
+                check_item_references(body)
                 body = self._apply("responses_input_items", mend_input_items, body)
             if settings.structured_output:
                 body = self._apply("structured_output", mend_text_format, body)
@@ -180,18 +184,18 @@ class Chained:
 
 
 def counted_body(
-    settings: CompatSettings, path: str, raw: bytes, backend: str, late_system: LateSystemOf
+    settings: CompatSettings,
+    path: str,
+    raw: bytes,
+    parsed: object,
+    backend: str,
+    late_system: LateSystemOf,
 ) -> bytes:
-    """A forwarded request's body: a token-counting one mended as its generation twin would be
-    (the count is of the prompt the backend would process; the refusing template refuses the
-    unmended one too), any other as it came."""
+    """A forwarded request's body (``raw``, and ``parsed``: what it parsed to, None when it is
+    no JSON): a token-counting one mended as its generation twin would be (the count is of
+    the prompt the backend would process; the refusing template refuses the unmended one
+    too), any other as it came."""
     api = COUNTING_APIS.get(path)
-    if api is None or not raw:
-        return raw
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+    if api is None or not isinstance(parsed, dict):
         return raw  # the backend judges it
-    if not isinstance(body, dict):
-        return raw
-    return RequestMends(settings, api, raw, body, late_system).raw_for(backend)
+    return RequestMends(settings, api, raw, parsed, late_system).raw_for(backend)

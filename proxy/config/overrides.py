@@ -122,11 +122,31 @@ def service_variables(
     """The MTP_PROXY_* variables a service of `config` is given: `environ`'s, and over them the
     unit's (`unit`, or the `installed` one when its ExecStart serves `config`)."""
     variables = environment_variables(environ)
-    if unit is None and unit_runs(config, installed):
-        unit = installed
+    unit = service_unit(config, unit, installed=installed)
     if unit is not None:
         variables.update(unit_variables(unit))
     return variables
+
+
+def service_unit(config: Path, unit: Path | None = None, *, installed: Path = UNIT) -> Path | None:
+    """The unit that runs `config` as a service: `unit` when named, else the `installed` one
+    when its ExecStart serves `config`, else None."""
+    if unit is None and unit_runs(config, installed):
+        return installed
+    return unit
+
+
+def unit_user(unit: Path | None) -> str | None:
+    """The user a unit runs its service as: its last User= (drop-ins included), root without
+    one; None: no unit (whoever runs `mtp-proxy serve`)."""
+    if unit is None:
+        return None
+    names = [
+        value
+        for path in [unit, *sorted(Path(f"{unit}.d").glob("*.conf"))]
+        for value in _directive_values(path, "User")
+    ]
+    return names[-1] if names and names[-1] else "root"
 
 
 def overrides(

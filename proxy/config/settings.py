@@ -30,6 +30,7 @@ from proxy.config.routing import RoutingSettings
 from supervisor.flags import PARALLEL, positive_int
 from supervisor.settings import SupervisorSettings
 from supervisor.spec import DraftSpec
+from supervisor.urls import base_url_problem
 
 BackendKind = Literal["simulator", "llama-server"]
 DraftControlSetting = Literal["auto", "per-request", "per-process"]
@@ -115,7 +116,9 @@ class ProfileSettings(BaseModel):
     url: str | None = Field(
         default=None,
         description="Base URL of a llama-server already running elsewhere that serves this "
-        "profile. http:// or https://; the proxy watches it and starts nothing.",
+        "profile. http:// or https://; the proxy watches it and starts nothing. No query or "
+        "fragment: credentials go in the userinfo (http://user:password@host), masked wherever "
+        "the URL is shown.",
     )
 
     @model_validator(mode="after")
@@ -124,9 +127,9 @@ class ProfileSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _url_is_http(self) -> ProfileSettings:
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError("url must start with http:// or https://")
+    def _url_is_a_base_url(self) -> ProfileSettings:
+        if self.url is not None and (problem := base_url_problem(self.url)) is not None:
+            raise ValueError(problem)
         return self
 
     def draft(self) -> DraftSpec:
@@ -346,6 +349,36 @@ class ServerSettings(BaseModel):
         "inflated (after the key check, in bounded steps) to at most this and forwarded plain; "
         "other encodings get 415, broken gzip 400.",
     )
+    max_messages: int = Field(
+        default=100_000,
+        ge=1,
+        description="Most messages in one request (messages of chat and Messages); more get "
+        "413. Checked, with the caps below, before the body is walked: 32 MiB of empty "
+        "messages is 11 million objects.",
+    )
+    max_input_items: int = Field(
+        default=100_000,
+        ge=1,
+        description="Most items in one Responses request's input (and in any top-level input "
+        "list); more get 413.",
+    )
+    max_content_parts: int = Field(
+        default=10_000,
+        ge=1,
+        description="Most content parts of one message (or Responses input item); more get 413.",
+    )
+    max_tools: int = Field(
+        default=10_000,
+        ge=1,
+        description="Most tools in one request; more get 413.",
+    )
+    max_body_items: int = Field(
+        default=1_000_000,
+        ge=1_000_000,
+        description="Most JSON items in one request body: objects, arrays and the values between "
+        "commas; more get 413. Counted, before the body is parsed, on bodies of 1 MiB or more "
+        "(a smaller one cannot hold a million); parsed off the event loop, one at a time.",
+    )
     api_keys: list[SecretStr] = Field(
         default=[],
         description="When set, clients must send one (Authorization: Bearer, or x-api-key); "
@@ -480,7 +513,8 @@ class CompatSettings(BaseModel):
         default=True,
         description="Type /v1/responses input items that have a role but no type, and drop "
         "empty reasoning items. llama-server answers both 400 (the AI SDK's second turn: "
-        "opencode, Kilo Code).",
+        "opencode, Kilo Code). An item_reference, which llama-server cannot resolve (it "
+        "stores no responses), gets a 400 that says to send the full items or store: false.",
     )
     structured_output: bool = Field(
         default=True,
@@ -488,6 +522,13 @@ class CompatSettings(BaseModel):
         "text.format (json_schema, json_object) becomes the top-level response_format that "
         "llama-server enforces; /v1/messages output_config.format, which llama-server drops, "
         "gets a 400 naming the field. Off: both are forwarded as sent (and ignored).",
+    )
+    named_tool_choice: bool = Field(
+        default=True,
+        description="Force the function a chat request's tool_choice names. llama-server "
+        'reads such a choice as "auto" (the model may answer without calling it); the mend '
+        'sends "required" with that function the request\'s only tool, and refuses (400) a '
+        "name that is not among the tools. Off: forwarded as sent.",
     )
     codex_additional_tools: bool = Field(
         default=True,

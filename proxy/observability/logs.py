@@ -21,6 +21,8 @@ import structlog
 from aiohttp.http_exceptions import HttpProcessingError
 from structlog.typing import Processor
 
+from supervisor.urls import shown as shown_url
+
 REDACTED = "[redacted]"
 
 # The canonical request line, in this order: who, where it went, how it ended, what it cost.
@@ -67,19 +69,21 @@ _SECRET_KEYS = frozenset(
 # Command-line flags whose next argument is a credential (llama-server's own, in argv lines).
 _SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "-hft"})
 _CREDENTIAL = re.compile(r"(?i)\b(bearer|basic)\s+[\w.~+/=-]+")
+_URL_USERINFO = r"://[^/\s]*@"  # a URL with credentials: its password is masked (supervisor.urls)
 _MIN_SECRET_LENGTH = 4  # shorter configured "secrets" would redact ordinary words
 
 
 class Redactor:
     """A processor that never lets a credential reach a log line, whatever a caller bound:
-    secret-named keys (at any depth), `Bearer ...` strings, the value after `--api-key` in an
-    argv list, and every configured key (admin and client) wherever it appears."""
+    secret-named keys (at any depth), `Bearer ...` strings, the password in a URL's userinfo,
+    the value after `--api-key` in an argv list, and every configured key (admin and client)
+    wherever it appears."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         known = sorted({s for s in secrets if len(s) >= _MIN_SECRET_LENGTH}, key=len, reverse=True)
         self._known = re.compile("|".join(map(re.escape, known))) if known else None
         # One scan tells the (nearly all) clean strings from those worth the substitutions.
-        suspects = [_CREDENTIAL.pattern, *(map(re.escape, known))]
+        suspects = [_CREDENTIAL.pattern, _URL_USERINFO, *(map(re.escape, known))]
         self._suspect = re.compile("|".join(suspects))
 
     def __call__(
@@ -106,7 +110,7 @@ class Redactor:
     def _scrub_text(self, text: str) -> str:
         if self._suspect.search(text) is None:
             return text
-        text = _CREDENTIAL.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+        text = shown_url(_CREDENTIAL.sub(lambda m: f"{m.group(1)} {REDACTED}", text))
         return self._known.sub(REDACTED, text) if self._known else text
 
     def _scrub_argv(self, items: list[Any] | tuple[Any, ...]) -> list[Any]:

@@ -122,6 +122,12 @@ class ProxyMetrics:
             ["model", "profile"],
             registry=registry,
         )
+        self.state_save_failures = Counter(
+            p + "state_save_failures",
+            "Saves of the learned statistics to routing.state_file that failed (the disk full, "
+            "the directory gone or read-only): what was learned since is lost at a restart.",
+            registry=registry,
+        )
 
     def prime(self, profiles: Mapping[str, Sequence[str]]) -> None:
         """Create the series of every configured model and profile at 0, so that `rate()` and

@@ -1,20 +1,27 @@
 """What a GGUF file says about itself: architecture, trained context, MTP layers, KV shape.
 
-Read with the `gguf` package (llama.cpp's own reader), never by hand. Its reader makes a numpy
-view of every element of every array: on a 250k-token vocabulary (Qwen3.5/3.6) that took 17.6 s
-and 850 MB here. The arrays (the vocabulary, the merges) are not needed, so `_MetadataReader`
-steps over them (0.2 s, 45 MB on the same file); should a future `gguf` change the method it
-overrides, the plain reader is used. Blocking: at start-up, `check-config` and `init`. `gguf`
-and numpy are imported when a file is read (a quarter of a second), not with the module.
+Read by a small reader of its own (``_Reader``), of the header, the metadata and the tensor
+infos only, and bounded: every length and count is checked against the bytes left in the file
+before anything is read or looped over. The gguf package's reader memory-maps the file and
+trusts its counts: a 170-byte file whose string array claimed 2^62 items hung `init`,
+`check-config` and `serve` at 100 % CPU, a 200-byte one claiming 2^61 numbers was accepted, and a
+truncated file got numpy's words ("index 0 is out of bounds for axis 0 with size 0"). Here a
+count no file could hold is "not a GGUF file (...)", bytes that end before the structure they
+began (the header's, or the tensor data the infos place) "truncated GGUF (download
+incomplete?)", each in about a second on the largest vocabulary (250k tokens: a loop over its
+strings' lengths, nothing copied). Blocking: at start-up, `check-config` and `init`. The format:
+llama.cpp's docs/gguf.md (the gguf package's constants give the tensor types' sizes).
 """
 
 from __future__ import annotations
 
-import functools
 import math
+import mmap
+import os
+import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 
 class GgufError(Exception):
@@ -61,22 +68,16 @@ class GgufFacts:
 
 def read_gguf(path: Path) -> GgufFacts:
     """The facts of one GGUF (the first part of a split one holds them); GgufError if none."""
-    try:
-        reader = _open(path)
-    except OSError as exc:
-        raise GgufError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise GgufError(f"{path} is not a GGUF file ({exc})") from None
-    fields = {name: _value(field) for name, field in reader.fields.items()}
+    fields = read_metadata(path).fields
     arch = fields.get("general.architecture")
     if not isinstance(arch, str):
         raise GgufError(f"{path} names no general.architecture")
 
     def number(key: str) -> int | None:
         value = fields.get(f"{arch}.{key}")
-        return (
-            int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-        )
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return int(value) if math.isfinite(value) else None
 
     name = fields.get("general.name")
     return GgufFacts(
@@ -94,55 +95,184 @@ def read_gguf(path: Path) -> GgufFacts:
     )
 
 
-def _open(path: Path) -> Any:
-    from gguf import GGUFReader  # numpy with it: imported when a file is read, not at start-up
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    kind: int  # ggml type
+    shape: tuple[int, ...]
+    offset: int  # from the start of the tensor data
 
+
+@dataclass(frozen=True)
+class GgufMetadata:
+    """A GGUF's metadata (arrays, the vocabulary among them, as None: never needed here), its
+    tensors' infos and where their data begins."""
+
+    version: int
+    fields: dict[str, object]
+    tensors: list[TensorInfo]
+    data_offset: int
+
+
+def read_metadata(path: Path) -> GgufMetadata:
+    """The header, metadata and tensor infos of ``path``, every count bounded by the file's
+    size; GgufError: not readable, not a GGUF, or truncated (the tensor data included)."""
     try:
-        return metadata_reader()(path)
-    except (AttributeError, NotImplementedError):  # the overridden method changed: read it all
-        return GGUFReader(path)
+        with path.open("rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise GgufError(f"{path} is not a regular file")
+            if info.st_size < _HEADER.size:
+                raise _Short("the header", _HEADER.size - info.st_size)
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                metadata = _Reader(data, info.st_size).metadata()
+    except OSError as exc:
+        raise GgufError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except _NotGguf as exc:
+        raise GgufError(f"{path} is not a GGUF file ({exc})") from None
+    except _Short as exc:
+        raise GgufError(f"{path}: truncated GGUF (download incomplete?): {exc}") from None
+    _check_tensor_data(path, metadata, info.st_size)
+    return metadata
 
 
-@functools.cache
-def metadata_reader() -> type[Any]:
-    """The gguf package's reader, stepping over arrays instead of viewing each element."""
-    import numpy as np
-    from gguf import GGUFReader, GGUFValueType
-
-    class MetadataReader(GGUFReader):
-        def _get_field_parts(
-            self, orig_offs: int, raw_type: int
-        ) -> tuple[int, list[Any], list[int], list[GGUFValueType]]:
-            if raw_type != GGUFValueType.ARRAY:
-                return super()._get_field_parts(orig_offs, raw_type)
-            item_type = self._get(orig_offs, np.uint32)
-            length = self._get(orig_offs + 4, np.uint64)
-            kind, count, offs = GGUFValueType(int(item_type[0])), int(length[0]), orig_offs + 12
-            types = [GGUFValueType.ARRAY, kind]
-            if kind == GGUFValueType.STRING:
-                data = memoryview(self.data.data)
-                for _ in range(count):  # each string: an uint64 length, then its bytes
-                    offs += 8 + int.from_bytes(data[offs : offs + 8], "little")
-                return offs - orig_offs, [item_type, length], [], types
-            scalar = self.gguf_scalar_to_np.get(kind)
-            if scalar is None:  # nested arrays: none in the metadata the proxy reads
-                raise NotImplementedError(f"array of {kind.name}")
-            values = self._get(offs, scalar, count)
-            return 12 + int(values.nbytes), [item_type, length, values], [2], types
-
-    return MetadataReader
+class _NotGguf(Exception):
+    """The bytes are no GGUF: the message says what is wrong with them."""
 
 
-def _value(field: Any) -> object:
-    """A scalar or string field's value; arrays (the vocabulary) are not needed: None."""
-    from gguf import GGUFValueType
+class _Short(Exception):
+    """The file ends inside a structure it began."""
 
-    if not field.types or not field.data:
+    def __init__(self, what: str, missing: int) -> None:
+        super().__init__(f"it ends {missing} bytes short of {what}")
+
+
+_HEADER = struct.Struct("<4sIQQ")  # magic, version, tensor count, metadata count
+_U64 = struct.Struct("<Q")
+_MAGIC = b"GGUF"
+_VERSIONS = (2, 3)  # what llama.cpp reads (version 1 had 32-bit counts; gone since 2023)
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q"}
+_SCALARS |= {11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_MAX_NESTING = 2  # arrays of arrays: none in llama.cpp's files, a few levels allowed
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_IMPOSSIBLE = 1 << 40  # bytes a count may claim and still be a truncated file's (1 TiB)
+_DEFAULT_ALIGNMENT = 32
+
+
+class _Reader:
+    """The header, metadata and tensor infos from a memory map, each length and count checked
+    against the bytes left before it is used."""
+
+    def __init__(self, data: mmap.mmap, size: int) -> None:
+        self.data, self.size, self.at = data, size, 0
+
+    def metadata(self) -> GgufMetadata:
+        magic, version, n_tensors, n_fields = _HEADER.unpack_from(self.data, 0)
+        if magic != _MAGIC:
+            raise _NotGguf(f"it begins with {magic!r}, not b'GGUF'")
+        if version not in _VERSIONS:
+            raise _NotGguf(f"version {version}; llama.cpp reads versions 2 and 3")
+        self.at = _HEADER.size
+        self.fits(n_fields, 13, "metadata entries")  # key length, type, a byte of value
+        fields = {}
+        for _ in range(n_fields):
+            key = self.string("a metadata key").decode("utf-8", "replace")
+            fields[key] = self.value(self.unpack("<I", f"the type of {key}"), key, 0)
+        self.fits(n_tensors, 24, "tensor infos")  # name length, dims, type, offset
+        tensors = [self.tensor() for _ in range(n_tensors)]
+        alignment = fields.get("general.alignment", _DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise _NotGguf(f"general.alignment {alignment!r} is not a power of two")
+        data_offset = -(-self.at // alignment) * alignment
+        return GgufMetadata(version, fields, tensors, data_offset)
+
+    def fits(self, count: int, least: int, what: str) -> None:
+        """``count`` items of at least ``least`` bytes each must fit in the bytes left."""
+        needed, left = count * least, self.size - self.at
+        if needed > _IMPOSSIBLE:
+            raise _NotGguf(f"{count} {what} claimed in a file of {self.size} bytes")
+        if needed > left:
+            raise _Short(f"its {count} {what}", needed - left)
+
+    def take(self, n: int, what: str) -> int:
+        left = self.size - self.at
+        if n > left:
+            if n > _IMPOSSIBLE:
+                raise _NotGguf(f"{what} of {n} bytes claimed in a file of {self.size} bytes")
+            raise _Short(what, n - left)
+        start, self.at = self.at, self.at + n
+        return start
+
+    def unpack(self, fmt: str, what: str) -> int:
+        value: int = struct.unpack_from(fmt, self.data, self.take(struct.calcsize(fmt), what))[0]
+        return value
+
+    def string(self, what: str) -> bytes:
+        length = self.unpack("<Q", what)
+        start = self.take(length, what)
+        return self.data[start : start + length]
+
+    def value(self, kind: int, key: str, depth: int) -> object:
+        """A value of type ``kind``; an array is stepped over (None)."""
+        if kind in _SCALARS:
+            return self.unpack(_SCALARS[kind], key)
+        if kind == _STRING:
+            return self.string(key).decode("utf-8", "replace")
+        if kind != _ARRAY:
+            raise _NotGguf(f"{key} has the unknown value type {kind}")
+        item, count = self.unpack("<I", key), self.unpack("<Q", key)
+        if item in _SCALARS:
+            self.take(count * struct.calcsize(_SCALARS[item]), f"the array {key}")
+        elif item == _STRING:
+            self.fits(count, 8, f"strings in {key}")
+            self.skip_strings(count, key)
+        elif item == _ARRAY and depth < _MAX_NESTING:
+            self.fits(count, 12, f"arrays in {key}")
+            for _ in range(count):
+                self.value(_ARRAY, key, depth + 1)
+        else:
+            raise _NotGguf(f"{key} is an array of the unknown or too deep type {item}")
         return None
-    kind = field.types[0]
-    part = field.parts[field.data[0]]
-    if kind == GGUFValueType.STRING:
-        return bytes(part).decode("utf-8", errors="replace")
-    if kind == GGUFValueType.ARRAY:
-        return None
-    return part[0].item()
+
+    def skip_strings(self, count: int, key: str) -> None:
+        """Step over ``count`` strings (a vocabulary: 250k of them), checking each length."""
+        data, size, at, length_at = self.data, self.size, self.at, _U64.unpack_from
+        for _ in range(count):
+            if at + 8 > size:
+                raise _Short(f"a string in {key}", at + 8 - size)
+            (length,) = length_at(data, at)
+            at += 8 + length
+            if at > size:
+                self.at = at - length
+                self.take(length, f"a string in {key}")  # says which: impossible or short
+        self.at = at
+
+    def tensor(self) -> TensorInfo:
+        name = self.string("a tensor name").decode("utf-8", "replace")
+        n_dims = self.unpack("<I", f"the tensor {name}")
+        if n_dims > _MAX_DIMS:
+            raise _NotGguf(f"the tensor {name} has {n_dims} dimensions")
+        shape = tuple(self.unpack("<Q", f"the tensor {name}") for _ in range(n_dims))
+        kind, offset = self.unpack("<I", name), self.unpack("<Q", name)
+        return TensorInfo(name, kind, shape, offset)
+
+
+def _check_tensor_data(path: Path, metadata: GgufMetadata, size: int) -> None:
+    """Truncated if the tensor data the infos place ends past the file's end (a download that
+    stopped early: the bulk of a file is its tensor data)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    end = metadata.data_offset
+    for tensor in metadata.tensors:
+        try:
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.kind)]
+        except ValueError:
+            continue  # a type newer than this gguf package: its size is unknown here
+        size_bytes = math.prod(tensor.shape) // block * block_bytes
+        end = max(end, metadata.data_offset + tensor.offset + size_bytes)
+    if end > size:
+        raise GgufError(
+            f"{path}: truncated GGUF (download incomplete?): its tensor data ends at byte "
+            f"{end}, the file at {size}"
+        )

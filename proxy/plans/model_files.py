@@ -1,7 +1,8 @@
 """The model files a configuration names, checked before anything starts (`check-config`):
-each must exist and be readable, and a GGUF whose profiles draft with draft-mtp must carry MTP
-layers. Without these checks a wrong path or a stripped quant passed as "OK" and then failed in
-llama-server, six times, behind a proxy answering 503.
+each must exist, be readable and be a whole GGUF (`serve` checks that much too), and a GGUF
+whose profiles draft with draft-mtp must carry MTP layers. Without these checks a wrong path or
+a stripped quant passed as "OK" and then failed in llama-server, six times, behind a proxy
+answering 503.
 """
 
 from __future__ import annotations
@@ -29,19 +30,14 @@ def no_mtp_advice(architecture: str) -> str:
 def model_file_problems(settings: Settings) -> tuple[list[str], list[str]]:
     """(problems that make the configuration unusable, warnings), one line each."""
     problems: list[str] = []
-    warnings: list[str] = []
-    for m, model in enumerate(settings.models):
-        if model.backend != "llama-server" or model.model_path is None:
-            continue
-        spawned = [p for p in model.profiles if p.url is None]
-        if not spawned:
-            continue
+    for m, model, spawned in _spawning(settings):
+        assert model.model_path is not None
         where = f"models.{m}.model_path ({model.name})"
         unreadable = _unreadable(Path(model.model_path).expanduser())
         if unreadable is not None:
             problems.append(f"{where}: {model.model_path}: {unreadable}")
         else:
-            _check_mtp(model, spawned, where, problems, warnings)
+            _check_gguf(model, spawned, where, problems)
         for p, profile in enumerate(model.profiles):
             draft = profile.draft_model
             if draft is not None and (why := _unreadable(Path(draft).expanduser())) is not None:
@@ -49,7 +45,33 @@ def model_file_problems(settings: Settings) -> tuple[list[str], list[str]]:
                     f"models.{m}.profiles.{p}.draft_model ({model.name}/{profile.name}): "
                     f"{draft}: {why}"
                 )
-    return problems, warnings
+    return problems, []
+
+
+def gguf_problems(settings: Settings) -> list[str]:
+    """The model files of spawned backends that are there but are no GGUF, or a truncated
+    one (`serve`'s check before anything starts: llama-server would fail on them, six times;
+    a missing file is still left to the backends, which a reload may bring)."""
+    problems = []
+    for m, model, _ in _spawning(settings):
+        assert model.model_path is not None
+        path = Path(model.model_path).expanduser()
+        if path.is_file():
+            try:
+                read_gguf(path)
+            except GgufError as exc:
+                problems.append(f"models.{m}.model_path ({model.name}): {exc}")
+    return problems
+
+
+def _spawning(settings: Settings) -> list[tuple[int, ModelSettings, list[ProfileSettings]]]:
+    """(index, model, profiles it spawns) of each llama-server model that spawns processes."""
+    found = []
+    for m, model in enumerate(settings.models):
+        spawned = [p for p in model.profiles if p.url is None]
+        if model.backend == "llama-server" and model.model_path is not None and spawned:
+            found.append((m, model, spawned))
+    return found
 
 
 def needs_mtp(model: ModelSettings, profile: ProfileSettings) -> bool:
@@ -58,23 +80,19 @@ def needs_mtp(model: ModelSettings, profile: ProfileSettings) -> bool:
     return MTP_SPEC_TYPE in (profile.spec_type, args_spec)
 
 
-def _check_mtp(
-    model: ModelSettings,
-    profiles: list[ProfileSettings],
-    where: str,
-    problems: list[str],
-    warnings: list[str],
+def _check_gguf(
+    model: ModelSettings, profiles: list[ProfileSettings], where: str, problems: list[str]
 ) -> None:
-    drafting = [p.name for p in profiles if needs_mtp(model, p)]
-    if not drafting:
-        return
+    """The file is a GGUF, read whole to its tensor data's end, with the MTP layers that its
+    draft-mtp profiles need."""
     assert model.model_path is not None
     try:
         facts = read_gguf(Path(model.model_path).expanduser())
     except GgufError as exc:
-        warnings.append(f"{where}: MTP layers not checked: {exc}")
+        problems.append(f"{where}: {exc}")
         return
-    if not facts.has_mtp:
+    drafting = [p.name for p in profiles if needs_mtp(model, p)]
+    if drafting and not facts.has_mtp:
         names = ", ".join(drafting)
         problems.append(
             f"{where}: profiles {names} draft with {MTP_SPEC_TYPE}, but {model.model_path}: "

@@ -54,6 +54,7 @@ _MAX_CHANGES = 20  # changes kept for /admin/routing
 RECENT_POINTS = 8
 """Per (model, kind, load level, profile), the last requests' (context, decode speed) kept for
 the context trend's local line (``choice.trend_estimates``); in memory only."""
+_MAX_REASONS = 20  # untrusted parts named in the log line (the count says how many in all)
 _DUMP_STEP = 256  # cells (or busy rows) serialized between two turns of the event loop
 
 
@@ -489,58 +490,152 @@ class LearnedStats:
 
     @classmethod
     def load(cls, path: Path, settings: RoutingSettings) -> LearnedStats:
-        """Load the learned file; anything missing or corrupt starts empty (see load_report)."""
+        """Load the learned file, keeping what can be trusted of it: a cell, busy row or
+        calibration that is not one (a number negative or not finite, a field missing) is
+        dropped alone, and the log says which and why. A file not read whole (unreadable, or
+        cells dropped so) is kept as ``<name>.rejected`` first: the next save writes over it.
+        ``load_report`` says what happened."""
         stats = cls(settings)
         log = structlog.get_logger("proxy.routing.stats").bind(path=str(path))
+        raw: bytes | None = None
         try:
-            state = json.loads(read_local_file(path, _MAX_STATE_BYTES))
+            raw = read_local_file(path, _MAX_STATE_BYTES)
+            state = json.loads(raw)
+            if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+                raise ValueError("not a routing state file of version 1")
         except FileNotFoundError:
             stats.load_report = "missing: starting empty"
             log.info("stats_state_missing")
             return stats
         except (OSError, ValueError, RecursionError) as exc:
-            stats.load_report = f"unreadable ({exc}): starting empty"
-            log.warning("stats_state_unreadable", error=str(exc))
+            kept = keep_rejected(path, raw)
+            stats.load_report = f"unreadable ({exc}): starting empty{_kept_words(kept)}"
+            log.warning("stats_state_unreadable", error=str(exc), kept=_kept_path(kept))
             return stats
-        try:
-            kept, dropped = stats._restore(state)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            stats._cells.clear()
-            stats.busy.clear()
-            stats.calibrations.clear()
-            stats.load_report = f"corrupt ({exc!r}): starting empty"
-            log.warning("stats_state_corrupt", error=repr(exc))
-            return stats
-        stats.load_report = f"loaded {kept} cells" + (f", dropped {dropped}" if dropped else "")
-        log.info("stats_state_loaded", cells=kept, dropped=dropped)
+        kept_cells, stale, untrusted = stats._restore(state)
+        dropped = stale + len(untrusted)
+        stats.load_report = f"loaded {kept_cells} cells" + (
+            f", dropped {dropped}" if dropped else ""
+        )
+        if untrusted:
+            kept = keep_rejected(path, raw)
+            stats.load_report += f" ({len(untrusted)} untrusted{_kept_words(kept)})"
+            log.warning(
+                "stats_state_cells_dropped",
+                dropped=untrusted[:_MAX_REASONS],
+                untrusted=len(untrusted),
+                kept=_kept_path(kept),
+            )
+        log.info("stats_state_loaded", cells=kept_cells, dropped=dropped)
         return stats
 
-    def _restore(self, state: object) -> tuple[int, int]:
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise ValueError("not a routing state file of version 1")
+    def _restore(self, state: dict[str, Any]) -> tuple[int, int, list[str]]:
+        """(cells kept, parts dropped because the settings changed since, untrusted parts:
+        where and why, one line each)."""
+        untrusted: list[str] = []
+        kept, stale = self._restore_cells(state.get("cells"), untrusted)
+        self.calibrator.load_json(state.get("chars_per_token"))
+        stale += self._restore_busy(state.get("busy", {}), untrusted)  # files from before: none
+        calibrations = state.get("calibrations", {})  # files from before: none
+        for key, data in _items(calibrations, "calibrations", untrusted):
+            try:
+                self.calibrations[str(key)] = Calibration.from_json(data)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                untrusted.append(f"calibration {key}: {_why(exc)}")
+        return kept, stale, untrusted
+
+    def _restore_cells(self, rows: object, untrusted: list[str]) -> tuple[int, int]:
         labels = set(bucket_labels(self._settings.context_buckets))
         levels = {0, *self._settings.concurrency_levels}
-        kept = dropped = 0
-        for row in state["cells"]:
-            level = row.get("level", 0)  # files written before load levels: pool cells
-            if row["bucket"] not in labels or row["kind"] not in ("code", "prose"):
-                dropped += 1  # bucket bounds changed since the file was written
+        if not isinstance(rows, list):
+            untrusted.append("cells: not a list")
+            return 0, 0
+        kept = stale = 0
+        for row in rows:
+            try:
+                level = row.get("level", 0)  # files written before load levels: pool cells
+                if row["bucket"] not in labels or row["kind"] not in ("code", "prose"):
+                    stale += 1  # bucket bounds changed since the file was written
+                    continue
+                if level not in levels:
+                    stale += 1  # concurrency levels changed since the file was written
+                    continue
+                cls = RequestClass(str(row["bucket"]), row["kind"])
+                key = (str(row.get("model", "")), cls, int(level))
+                profile, cell = str(row["profile"]), _Cell.from_json(row)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                untrusted.append(f"cell {_where(row)}: {_why(exc)}")
                 continue
-            if level not in levels:
-                dropped += 1  # concurrency levels changed since the file was written
-                continue
-            cls = RequestClass(str(row["bucket"]), row["kind"])
-            key = (str(row.get("model", "")), cls, int(level))
-            self._cells.setdefault(key, {})[str(row["profile"])] = _Cell.from_json(row)
+            self._cells.setdefault(key, {})[profile] = cell
             kept += 1
-        self.calibrator.load_json(state.get("chars_per_token"))
-        class_labels = {RequestClass(b, k).label for b in labels for k in ("code", "prose")}
-        for name, rows in state.get("busy", {}).items():  # files from before: none
-            self.busy[str(name)], lost = BusyDepths.from_json(rows, class_labels)
-            dropped += lost
-        for key, data in state.get("calibrations", {}).items():  # files from before: none
-            self.calibrations[str(key)] = Calibration.from_json(data)
-        return kept, dropped
+        return kept, stale
+
+    def _restore_busy(self, busy: object, untrusted: list[str]) -> int:
+        """Each process's busy measurements, row by row; the rows dropped as stale."""
+        class_labels = {
+            RequestClass(b, k).label
+            for b in bucket_labels(self._settings.context_buckets)
+            for k in ("code", "prose")
+        }
+        stale = 0
+        for name, rows in _items(busy, "busy", untrusted):
+            if not isinstance(rows, list):
+                untrusted.append(f"busy {name}: not a list")
+                continue
+            kept = self.busy[str(name)] = BusyDepths()
+            for n, row in enumerate(rows):
+                try:
+                    one, lost = BusyDepths.from_json([row], class_labels)
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    untrusted.append(f"busy {name}[{n}]: {_why(exc)}")
+                    continue
+                kept.speeds.update(one.speeds)
+                stale += lost
+        return stale
+
+
+def keep_rejected(path: Path, raw: bytes | None) -> Path | None:
+    """Keep a state file that was not read whole as ``<name>.rejected`` beside it, before the
+    next save writes over it: its bytes when they were read, else the file itself, moved aside
+    (a regular file only: never a FIFO or a device). None when there is nothing to keep or it
+    cannot be kept (then the log says only why it was not read)."""
+    rejected = path.with_name(path.name + ".rejected")
+    try:
+        if raw is not None:
+            write_atomic(rejected, raw)
+        elif path.is_file():
+            os.replace(path, rejected)
+        else:
+            return None
+    except OSError:
+        return None
+    return rejected
+
+
+def _items(value: object, what: str, untrusted: list[str]) -> list[tuple[Any, Any]]:
+    if isinstance(value, dict):
+        return list(value.items())
+    untrusted.append(f"{what}: not an object")
+    return []
+
+
+def _where(row: object) -> str:
+    if not isinstance(row, dict):
+        return repr(row)[:80]
+    parts = (row.get(k) for k in ("model", "bucket", "kind", "profile"))
+    return "/".join(str(p) for p in parts if p not in (None, "")) + f"@{row.get('level', 0)}"
+
+
+def _why(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+def _kept_words(kept: Path | None) -> str:
+    return "" if kept is None else f"; kept as {kept}"
+
+
+def _kept_path(kept: Path | None) -> str | None:
+    return None if kept is None else str(kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -597,7 +692,8 @@ def _round(value: float | None, digits: int = 2) -> float | None:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same directory, fsync, then os.replace (atomic on POSIX)."""
+    """Write to a temp file in the same directory, fsync, then os.replace (atomic on POSIX),
+    and fsync the directory, so that the rename itself survives a power cut."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -610,3 +706,9 @@ def write_atomic(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    with contextlib.suppress(OSError):  # not every file system lets a directory be synced
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)

@@ -2,14 +2,18 @@
 what the service runs (for `mtp-proxy tune --url`), and the live page's reads: the depth each
 process runs now, recent requests, the depth chart.
 
-Disabled (404) unless an admin key is configured; then every call must present it.
+Disabled (404) unless an admin key is configured; then every call must present it. Every
+answer is strict JSON (``strict_json``): a number gone NaN or infinite is null.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from proxy.config.settings import ModelSettings
@@ -17,7 +21,7 @@ from proxy.plans.plan import ModelPlan, processes
 from proxy.serving import live
 from proxy.serving.errors import error_response
 from proxy.serving.expect import expect_handler
-from proxy.serving.middlewares import key_matches, presented_key
+from proxy.serving.middlewares import header_bytes, key_matches, presented_key
 from proxy.state import STATE, ProxyState
 from supervisor.flags import CTX_SIZE, positive_int
 from supervisor.spec import DraftSpec
@@ -33,11 +37,37 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/chart", chart, expect_handler=expect_handler)
 
 
+def strict_json(payload: object, status: int = 200) -> web.Response:
+    """An admin answer as strict JSON (RFC 8259), the one way every admin route writes one:
+    json.dumps wrote a learned or recent number gone non-finite as NaN or Infinity, which no
+    browser's JSON.parse reads, and the live page failed every poll. orjson writes them null."""
+    return web.Response(body=strict_dumps(payload), status=status, content_type="application/json")
+
+
+def strict_dumps(value: object) -> bytes:
+    """``value`` as strict JSON: non-finite numbers as null, keys that are not strings as text."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:  # what orjson does not write (an integer past 64 bits)
+        return json.dumps(_finite(value), allow_nan=False, default=str).encode()
+
+
+def _finite(value: object) -> object:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
 def _refusal(request: web.Request) -> web.Response | None:
     admin_key = request.app[STATE].settings.server.admin_key
     if admin_key is None:
         return error_response("openai", 404, "admin endpoints are disabled (no admin_key set)")
-    presented = request.headers.get("X-Admin-Key") or presented_key(request)
+    admin_header = request.headers.get("X-Admin-Key")
+    presented = header_bytes(admin_header) if admin_header else presented_key(request)
     if presented is None or not key_matches(presented, [admin_key.get_secret_value()]):
         return error_response("openai", 401, "invalid or missing admin key")
     return None
@@ -55,7 +85,7 @@ async def backends(request: web.Request) -> web.StreamResponse:
         row.update(in_flight=backend.in_flight, slots=backend.slots)
         row.update(queued=state.admission.queued(backend.model))  # the model's, waiting
         rows.append(row)
-    return live.quiet_read(request, web.json_response({"backends": rows}))
+    return live.quiet_read(request, strict_json({"backends": rows}))
 
 
 async def restart(request: web.Request) -> web.Response:
@@ -66,7 +96,7 @@ async def restart(request: web.Request) -> web.Response:
     if state.supervisor is None or state.backends.get(name) is None:
         return error_response("openai", 404, f"no backend named {name!r}")
     await state.supervisor.restart(name)
-    return web.json_response({"restarting": name})
+    return strict_json({"restarting": name})
 
 
 async def routing(request: web.Request) -> web.StreamResponse:
@@ -74,7 +104,7 @@ async def routing(request: web.Request) -> web.StreamResponse:
         return refusal
     state = request.app[STATE]
     state.bookkeeping.flush()  # what every request answered so far taught the router
-    return live.quiet_read(request, web.json_response(state.router.snapshot()))
+    return live.quiet_read(request, strict_json(state.router.snapshot()))
 
 
 async def depths(request: web.Request) -> web.StreamResponse:
@@ -83,7 +113,7 @@ async def depths(request: web.Request) -> web.StreamResponse:
         return refusal
     state = request.app[STATE]
     state.bookkeeping.flush()
-    return live.quiet_read(request, web.json_response(live.depths_view(state)))
+    return live.quiet_read(request, strict_json(live.depths_view(state)))
 
 
 async def requests(request: web.Request) -> web.StreamResponse:
@@ -100,7 +130,7 @@ async def requests(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     state.bookkeeping.flush()  # the requests that just finished
     view = live.requests_view(state, numbers["after"], numbers["limit"])
-    return live.quiet_read(request, web.json_response(view))
+    return live.quiet_read(request, strict_json(view))
 
 
 async def chart(request: web.Request) -> web.StreamResponse:
@@ -109,7 +139,7 @@ async def chart(request: web.Request) -> web.StreamResponse:
         return refusal
     state = request.app[STATE]
     state.bookkeeping.flush()
-    return live.quiet_read(request, web.json_response(live.chart_view(state)))
+    return live.quiet_read(request, strict_json(live.chart_view(state)))
 
 
 async def service(request: web.Request) -> web.Response:
@@ -121,7 +151,7 @@ async def service(request: web.Request) -> web.Response:
         return refusal
     state = request.app[STATE]
     routing = state.settings.routing
-    return web.json_response(
+    return strict_json(
         {
             "pid": os.getpid(),
             "config_path": None if state.config_path is None else str(state.config_path),

@@ -21,6 +21,7 @@ from proxy.compat.request import RequestMends
 from proxy.config.settings import Settings
 from proxy.observability.request_log import LOGGED, request_id, request_logger
 from proxy.serving.body import BodyLimits, BodyRefused, read_body
+from proxy.serving.body_items import ItemLimits, TooManyItems, parse_bounded
 from proxy.serving.errors import error_response
 from proxy.serving.exchange import Exchange
 from proxy.serving.model_names import unknown_model_message
@@ -55,9 +56,9 @@ async def _generate(request: web.Request, api: Api) -> web.StreamResponse:
         request_logger(request, api).debug(
             "request_received", path=request.path, body_bytes=len(raw)
         )
-    body, problem = _parse_object(raw)
-    if body is None:
-        return refuse(request, api, 400, problem, received)
+    body = await _body(request, api, raw, received)
+    if isinstance(body, web.Response):
+        return body
     model = state.models.resolve(body.get("model"))
     if model is None:
         message = unknown_model_message(body.get("model"))
@@ -139,19 +140,35 @@ def infill_as_completion(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "prompt": [p for p in parts if isinstance(p, str)]}
 
 
-def _parse_object(raw: bytes) -> tuple[dict[str, Any] | None, str]:
-    if not raw:
-        return None, "request body is empty; expected a JSON object"
+async def _body(
+    request: web.Request, api: Api, raw: bytes, received: float
+) -> dict[str, Any] | web.Response:
+    """The parsed body, held to the item caps before anything walks it (a large one parsed
+    off the loop: proxy.serving.body_items), or the refusal."""
+    state = request.app[STATE]
     try:
-        # orjson is ~3x faster than json on 100k-token prompts and stricter where llama-server
-        # would answer 500: invalid UTF-8, lone surrogate escapes, nesting past 1024 levels.
-        body = orjson.loads(raw)
+        parsed = await parse_bounded(raw, ItemLimits.of(state.settings.server), state.parsing)
+    except TooManyItems as exc:
+        return refuse(request, api, 413, str(exc), received)
     except orjson.JSONDecodeError as exc:
-        return None, f"request body is not valid JSON: {str(exc)[:200]}"
-    if not isinstance(body, dict):
+        return refuse(request, api, 400, _not_json(raw, exc), received)
+    body, problem = _object(parsed)
+    return refuse(request, api, 400, problem, received) if body is None else body
+
+
+def _not_json(raw: bytes, exc: orjson.JSONDecodeError) -> str:
+    # orjson is ~3x faster than json on 100k-token prompts and stricter where llama-server
+    # would answer 500: invalid UTF-8, lone surrogate escapes, nesting past 1024 levels.
+    if not raw:
+        return "request body is empty; expected a JSON object"
+    return f"request body is not valid JSON: {str(exc)[:200]}"
+
+
+def _object(parsed: Any) -> tuple[dict[str, Any] | None, str]:
+    if not isinstance(parsed, dict):
         return None, "request body must be a JSON object"
-    problem = _token_limit_problem(body)
-    return (None, problem) if problem else (body, "")
+    problem = _token_limit_problem(parsed)
+    return (None, problem) if problem else (parsed, "")
 
 
 def _token_limit_problem(body: dict[str, Any]) -> str | None:

@@ -63,7 +63,26 @@ def depths_view(state: ProxyState) -> dict[str, Any]:
                 "why": why,
             }
         )
-    return {"profiles": depth_of, "backends": rows}
+    return {"profiles": depth_of, "backends": rows, "warnings": warnings(state)}
+
+
+def warnings(state: ProxyState) -> list[str]:
+    """What an operator must hear of the proxy as a whole, one line each: a state file that
+    was not read whole at the last load, the last save of the learned statistics failed."""
+    learned_file = state.learned_file
+    if learned_file is None:
+        return []
+    found = []
+    report = state.router.stats.load_report
+    if "untrusted" in report or report.startswith("unreadable"):
+        found.append(f"the state file {learned_file.path} was not read whole: {report}")
+    if learned_file.save_failure is not None:
+        found.append(
+            f"the learned statistics could not be saved to {learned_file.path} (last try "
+            f"{learned_file.save_failure}); what was learned since the last save is lost at a "
+            "restart: make the file's directory writable, or set routing.state_file"
+        )
+    return found
 
 
 def _now(

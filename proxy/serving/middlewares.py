@@ -28,20 +28,33 @@ _LINGER_BYTES = 64 * 1024  # refused bodies up to this size are read (and droppe
 _RESHAPED_PATHS = frozenset(API_OF_PATH) | frozenset(FORWARDED_POST)
 
 
-def presented_key(request: web.Request) -> str | None:
-    """The client's key, from `Authorization: Bearer` (OpenAI SDK) or `x-api-key` (Anthropic)."""
+def presented_key(request: web.Request) -> bytes | None:
+    """The client's key, from `Authorization: Bearer` (OpenAI SDK) or `x-api-key` (Anthropic),
+    as the bytes sent."""
     authorization = request.headers.get("Authorization", "")
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    return request.headers.get("x-api-key") or None
+        return header_bytes(token.strip())
+    key = request.headers.get("x-api-key")
+    return header_bytes(key) if key else None
 
 
-def key_matches(presented: str, keys: list[str]) -> bool:
-    # Compare against every key, always: the time taken says nothing about which key was close.
+def header_bytes(value: str) -> bytes:
+    """A header's value as the bytes the client sent: aiohttp decodes bytes that are not UTF-8
+    as surrogate escapes, which a plain ``encode()`` refuses (a key header of such bytes was a
+    500 and a traceback)."""
+    try:
+        return value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no decoder makes: any bytes will do, none match
+        return value.encode("utf-8", "surrogatepass")
+
+
+def key_matches(presented: bytes, keys: list[str]) -> bool:
+    # Compare bytes against every key, always: the time taken says nothing about which key was
+    # close, and a key that is not UTF-8 is just another wrong one.
     matched = False
     for key in keys:
-        matched |= hmac.compare_digest(presented.encode(), key.encode())
+        matched |= hmac.compare_digest(presented, key.encode())
     return matched
 
 

@@ -34,6 +34,7 @@ from proxy.observability.metrics import UNROUTED
 from proxy.serving.admission import QueueRefused
 from proxy.serving.backends import LiveBackend
 from proxy.serving.body import BodyLimits, BodyRefused, read_body
+from proxy.serving.body_items import ItemLimits, TooManyItems, parse_bounded
 from proxy.serving.errors import error_response
 from proxy.serving.expect import expect_handler
 from proxy.serving.forward import (
@@ -132,7 +133,11 @@ async def forward(request: web.Request) -> web.StreamResponse:
         if refused.status in (400, 408):  # the connection's framing or client is broken
             await answer_and_close(request, response)
         return response
-    named = _named_model(raw) if raw else request.query.get("model")
+    try:  # held to the item caps like a generation's (proxy.serving.body_items)
+        parsed = await _parsed(raw, state)
+    except TooManyItems as exc:
+        return error_response(dialect, 413, str(exc))
+    named = parsed.get("model") if isinstance(parsed, dict) else request.query.get("model")
     model = state.models.resolve(named)
     if model is None:
         return error_response(dialect, 404, unknown_model_message(named), code="model_not_found")
@@ -142,7 +147,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     checked = state.late_system.get  # a token count is mended as its generation would be
     for backend in _candidates(state.backends.ready_of_model(model)):
         request[LOG_FIELDS]["backend"] = backend.name
-        body = counted_body(state.settings.compat, request.path, raw, backend.name, checked)
+        body = counted_body(state.settings.compat, request.path, raw, parsed, backend.name, checked)
         try:
             return await _relay(request, backend, body)
         except UpstreamUnavailable:
@@ -190,12 +195,15 @@ async def _forward_computed(
     return _unavailable(dialect, model)
 
 
-def _named_model(raw: bytes) -> Any:
+async def _parsed(raw: bytes, state: ProxyState) -> Any:
+    """The body parsed, None when there is none or it is no JSON (the backend judges it; the
+    only or default model gets it); TooManyItems past a cap."""
+    if not raw:
+        return None
     try:
-        body = orjson.loads(raw)
+        return await parse_bounded(raw, ItemLimits.of(state.settings.server), state.parsing)
     except orjson.JSONDecodeError:
-        return None  # the backend judges the body; the only/default model gets it
-    return body.get("model") if isinstance(body, dict) else None
+        return None
 
 
 def _candidates(ready: list[LiveBackend]) -> list[LiveBackend]:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.compat.input_items import ITEM_REFERENCE_ADVICE
 from proxy.compat.output_format import MESSAGE as OUTPUT_FORMAT_MESSAGE
 from proxy.compat.overflow import RESPONSES_MESSAGE
 from tests.support.harness import (
@@ -38,6 +39,7 @@ OFF = {
     "system_turns": "off",
     "responses_input_items": False,
     "structured_output": False,
+    "named_tool_choice": False,
     "codex_additional_tools": False,
     "context_overflow_errors": False,
     "session_prefix": False,
@@ -345,6 +347,65 @@ def output_items(answer: bytes, stream: bool) -> list[dict[str, Any]]:
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert done == events[-1]["response"]["output"]
     return done
+
+
+# --- chat: a named tool_choice --------------------------------------------------------------------
+
+
+def test_a_named_tool_choice_is_forced_as_required(
+    proxy: ProxyProcess, unmended: ProxyProcess
+) -> None:
+    """llama-server reads a tool_choice object as "auto": the proxy sends "required" with the
+    named function the only tool, which llama-server enforces."""
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+        for n in ("read_file", "get_time")
+    ]
+    named = {"type": "function", "function": {"name": "get_time"}}
+    body = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    status, answer = post(proxy, "/v1/chat/completions", {**body, "tool_choice": named})
+    assert status == 200
+    received = json.loads(echoed(answer))
+    assert (received["tool_choice"], received["tools"]) == ("required", tools[1:])
+    status, answer = post(unmended, "/v1/chat/completions", {**body, "tool_choice": named})
+    assert json.loads(echoed(answer))["tool_choice"] == named  # as sent: llama-server's "auto"
+    unknown = {"type": "function", "function": {"name": "nope"}}
+    status, answer = post(proxy, "/v1/chat/completions", {**body, "tool_choice": unknown})
+    assert status == 400
+    assert json.loads(answer)["error"]["message"] == (
+        "tool_choice names the function 'nope', which is not among the request's tools"
+    )
+
+
+# --- Responses: item_reference -------------------------------------------------------------------
+
+
+def test_an_item_reference_is_a_400_that_says_what_to_send(
+    proxy: ProxyProcess, unmended: ProxyProcess
+) -> None:
+    """What @ai-sdk/openai sends for an earlier turn by default: llama-server stores no
+    responses, so nothing can resolve it; the answer says what to send instead."""
+    body = {
+        "model": "chatml",
+        "max_output_tokens": 8,
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "item_reference", "id": "msg_0123"},
+            {"role": "user", "content": [{"type": "input_text", "text": "and now?"}]},
+        ],
+    }
+    for stream in (False, True):
+        status, answer = post(proxy, "/v1/responses", {**body, "stream": stream})
+        assert status == 400, answer
+        error = json.loads(answer)["error"]
+        assert error["type"] == "invalid_request_error"
+        assert error["message"].startswith("input[1] is an item_reference (id 'msg_0123'): ")
+        assert error["message"].endswith(ITEM_REFERENCE_ADVICE)
+    status, answer = post(unmended, "/v1/responses", body)  # llama-server's own, bare
+    assert (status, json.loads(answer)["error"]["message"]) == (
+        400,
+        "Cannot determine type of 'item'",
+    )
 
 
 # --- Messages: output_config.format ---------------------------------------------------------------

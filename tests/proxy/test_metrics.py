@@ -55,6 +55,7 @@ FAMILIES = {
     "mtp_proxy_routing_decisions": ("counter", {"model", "reason", "profile"}),
     "mtp_proxy_upstream_retries": ("counter", {"model"}),
     "mtp_proxy_upstream_failures": ("counter", {"model", "profile"}),
+    "mtp_proxy_state_save_failures": ("counter", set()),
     "mtp_proxy_queued_requests": ("gauge", {"model"}),
     "mtp_proxy_backend_in_flight": ("gauge", {"backend", "model", "profile"}),
     "mtp_proxy_backend_slots": ("gauge", {"backend", "model", "profile"}),

@@ -1,8 +1,8 @@
 """Where the GPU memory check shows: check-config's output and serve's log, run for real.
 
 No GPU here: free memory comes from a stand-in nvidia-smi (a script printing MiB per GPU), and
-model files are sparse files of the wanted size. The estimates and the warning themselves:
-tests/unit/test_preflight.py.
+model files are sparse files of the wanted size (a GGUF header and a hole). The estimates and
+the warning themselves: tests/unit/test_preflight.py.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ def test_check_config_prints_the_estimate_and_warns(tmp_path: Path) -> None:
     assert "gpu memory: the backends need ~27.25 GiB" in result.stdout  # 3 x (8 GiB + KV + drafts)
     assert "free: 15.62 GiB on 1 GPU(s)" in result.stdout
     assert "  tiny/max: ~9.17 GiB (model 8.00 GiB, ctx 8192, draft n_max 3)" in result.stdout
-    # (The sparse file is no GGUF: its MTP layers are not checked, another warning.)
     warnings = result.stderr.splitlines()
     assert any(w.startswith("warning: the backends need ~27.2 GiB") for w in warnings), warnings
     assert "llama-server will offload layers to the CPU" in result.stderr

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.app import create_app
 from proxy.config.settings import ServerSettings, Settings, load_settings
+from tests.support import rawhttp
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,
@@ -189,6 +190,52 @@ async def test_every_route_checks_the_client_key(locked: ProxyProcess, echo_url:
                 ) as response:
                     got = response.status
                 assert (got == 401) is expected_401, (method, path, headers, got)
+
+
+# Keys that are not UTF-8: aiohttp hands such header bytes over as surrogate escapes, which the
+# key check once failed to encode (500 and a traceback on every keyed and admin route).
+NOT_UTF8 = b"\xff\xfe"
+KEY_HEADERS = [b"Authorization: Bearer " + NOT_UTF8, b"x-api-key: " + NOT_UTF8]
+
+
+def raw_exchange(port: int, method: str, path: str, header: bytes) -> tuple[int | None, Any]:
+    body = json.dumps({"model": "echo", "messages": CHAT, "max_tokens": 4}).encode()
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+    head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    with rawhttp.connect(port) as sock:
+        sock.sendall(head.encode() + header + b"\r\n\r\n" + body)
+        data, _, _ = rawhttp.read_until_closed(sock)
+    return rawhttp.final_status(data), rawhttp.json_body(data)
+
+
+@pytest.mark.parametrize("header", KEY_HEADERS, ids=["bearer", "x-api-key"])
+def test_a_client_key_that_is_not_utf8_is_401_in_the_api_shape(
+    locked: ProxyProcess, header: bytes
+) -> None:
+    for path, dialect in (
+        ("/v1/chat/completions", "openai"),
+        ("/v1/messages", "anthropic"),
+        ("/v1/models", "openai"),
+        ("/tokenize", "openai"),
+    ):
+        method = "GET" if path == "/v1/models" else "POST"
+        status, error = raw_exchange(locked.port, method, path, header)
+        assert status == 401, (path, status, error)
+        if dialect == "anthropic":
+            assert error["type"] == "error" and error["error"]["type"] == "authentication_error"
+        else:
+            assert error["error"]["type"] == "authentication_error", (path, error)
+    assert "unhandled_error" not in [line.get("event") for line in locked.log_lines()]
+
+
+@pytest.mark.parametrize(
+    "header", [*KEY_HEADERS, b"X-Admin-Key: " + NOT_UTF8], ids=["bearer", "x-api-key", "admin"]
+)
+def test_an_admin_key_that_is_not_utf8_is_401(locked: ProxyProcess, header: bytes) -> None:
+    for method, path in (("GET", "/admin/backends"), ("POST", "/admin/backends/echo/off/restart")):
+        status, error = raw_exchange(locked.port, method, path, header)
+        assert status == 401 and error["error"]["message"] == "invalid or missing admin key"
+    assert "unhandled_error" not in [line.get("event") for line in locked.log_lines()]
 
 
 # --- admin -------------------------------------------------------------------------------------

@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
+
+import tomli_w
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config.routing import RoutingSettings
 from proxy.routing.classes import RequestClass, bucket_labels
 from proxy.routing.stats import LearnedStats
 from proxy.routing.telemetry import Observation
+from tests.support.cli import run_cli
 from tests.support.harness import (
     ADMIN_KEY,
     ProxyProcess,
@@ -226,3 +232,97 @@ def test_saving_a_large_state_does_not_stall_the_proxy(tmp_path: Path) -> None:
                 saved, saves = mtime, saves + 1
     assert saves >= 4
     assert slowest < one_piece_s / 2, (slowest, one_piece_s)
+
+
+# --- a state file that is not all good, a save that fails, a file the service cannot write ------
+
+
+def good_and_poisoned(state_file: Path) -> bytes:
+    """A state file of three learned cells, one of them with a number that is not finite."""
+    settings = RoutingSettings(min_samples=1)
+    stats = LearnedStats(settings)
+    cls = RequestClass("<4k", "prose")
+    for profile in PROFILES:
+        observation = Observation(
+            "mtp-demo/off", profile, cls, 500, 0, 64, None, None, 30.0, 0.1, 0.1, 2.2, "timings"
+        )
+        stats.observe(cls, profile, observation, model="mtp-demo")
+    state = json.loads(stats.dumps())
+    max_cell = next(c for c in state["cells"] if c["profile"] == "max")
+    max_cell["decode"][1] = math.nan  # json writes NaN, as a broken sum would have
+    text = json.dumps(state).encode()
+    state_file.write_bytes(text)
+    return text
+
+
+def test_one_bad_cell_costs_that_cell_only_and_the_file_is_kept(tmp_path: Path) -> None:
+    """A NaN in one cell once made the proxy refuse the whole file ("negative or non-finite
+    number: starting empty") and its next save wrote the empty state over it."""
+    state_file = tmp_path / "learned.json"
+    original = good_and_poisoned(state_file)
+    with running_proxy(config(state_file), tmp_path / "proxy") as proxy:
+        assert learned(proxy) == {"off": 1, "min": 1}
+        _, routing = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
+        _, depths = proxy.get_json("/admin/depths", admin_key=ADMIN_KEY)
+    rejected = Path(f"{state_file}.rejected")
+    assert routing["state"] == f"loaded 2 cells, dropped 1 (1 untrusted; kept as {rejected})"
+    assert depths["warnings"] == [
+        f"the state file {state_file} was not read whole: {routing['state']}"
+    ]
+    (warning,) = [
+        line for line in proxy.log_lines() if line["event"] == "stats_state_cells_dropped"
+    ]
+    assert warning["level"] == "warning" and warning["dropped"][0].startswith(
+        "cell mtp-demo/<4k/prose/max@0: ValueError: negative or non-finite number"
+    )
+    assert rejected.read_bytes() == original  # the file as it was, beside the new one
+    assert set(saved_cells(state_file)) == {"off", "min"}  # saved at stop: not empty
+
+
+def test_a_failed_save_is_counted_and_shown_in_status(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    state_file = state_dir / "learned.json"
+    with running_proxy(config(state_file, save_interval_s=0.2), tmp_path / "proxy") as proxy:
+        deadline = time.monotonic() + 10
+        while not state_file.exists():  # saved once, then its directory goes
+            assert time.monotonic() < deadline, proxy.tail()
+            time.sleep(0.05)
+        state_file.unlink()
+        state_dir.rmdir()
+        state_dir.write_text("a file where the directory was: every save fails now\n")
+        while failures(proxy) < 2:
+            assert time.monotonic() < deadline + 10, proxy.tail()
+            time.sleep(0.1)
+        _, depths = proxy.get_json("/admin/depths", admin_key=ADMIN_KEY)
+        status = run_cli("status", "--url", proxy.url, "--admin-key", ADMIN_KEY)
+    (warning,) = depths["warnings"]
+    assert warning.startswith(f"the learned statistics could not be saved to {state_file} ")
+    assert status.returncode == 0, status.stderr
+    assert f"warning: {warning.split(' (last try')[0]}" in status.stdout
+
+
+def failures(proxy: ProxyProcess) -> float:
+    with urllib.request.urlopen(proxy.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "mtp_proxy_state_save_failures":
+            return sum(s.value for s in family.samples if s.name.endswith("_total"))
+    raise AssertionError("no mtp_proxy_state_save_failures metric")
+
+
+def test_check_config_refuses_a_state_file_the_services_user_cannot_write(
+    tmp_path: Path,
+) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o755)
+    conf = tmp_path / "config.toml"
+    conf.write_text(tomli_w.dumps(config(state_dir / "learned.json")))
+    assert run_cli("check-config", str(conf)).returncode == 0  # this user may
+    unit = tmp_path / "mtp-proxy.service"
+    unit.write_text(f"[Service]\nExecStart=/x/mtp-proxy serve --config {conf}\nUser=nobody\n")
+    done = run_cli("check-config", str(conf), "--unit", str(unit))
+    assert done.returncode == 2, done.stdout
+    assert f"routing.state_file {state_dir}/learned.json: the service's user nobody cannot " in (
+        done.stderr
+    )
+    assert "; fix: chown nobody " in done.stderr

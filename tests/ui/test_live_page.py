@@ -12,6 +12,7 @@ to build/ui/live-page.png (build/ is ignored by git; CI keeps it as an artifact)
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -216,3 +217,33 @@ def test_a_wrong_key_is_refused_and_nothing_is_shown(proxy: ProxyProcess) -> Non
     assert wrong not in proxy.log_path.read_text()
     # The browser reports each refused read as a failed load; nothing else went wrong.
     assert all(e["source"] == "network" and "401" in e["message"] for e in errors)
+
+
+def test_a_failed_save_of_what_was_learned_shows_as_a_warning(tmp_path: Path) -> None:
+    """The state file's directory goes away under a running proxy: each save fails, and the
+    page says so above everything else until one succeeds (the admin feed it reads,
+    /admin/depths, carries the warning)."""
+    state_dir = tmp_path / "state"
+    routing = {"state_file": str(state_dir / "learned.json"), "state_save_interval_s": 0.2}
+    model = simulator_model(draft_control="per-request", time_scale=50.0)
+    with running_proxy(proxy_config([model], routing=routing), tmp_path / "proxy") as proxy:
+        wait_all_ready(proxy, {MODEL: 1})
+        with chromium() as browser:
+            browser.open(f"{proxy.url}/ui/#key={ADMIN_KEY}")
+            browser.wait_for("the page live", "return document.body.dataset.state === 'live'")
+            assert browser.run("return document.querySelector('#warnings').hidden") is True
+            deadline = time.monotonic() + 30
+            while not (state_dir / "learned.json").exists():  # saved once, then it goes
+                assert time.monotonic() < deadline, proxy.tail()
+                time.sleep(0.05)
+            (state_dir / "learned.json").unlink()
+            state_dir.rmdir()
+            state_dir.write_text("a file where the directory was: every save fails now\n")
+            warning = browser.wait_for(
+                "the warning shown",
+                "const w = document.querySelector('#warnings');"
+                "return !w.hidden && w.querySelector('li').innerText;",
+            )
+            errors = browser.console_errors()
+    assert warning.startswith(f"the learned statistics could not be saved to {state_dir}/")
+    assert errors == [], errors

@@ -172,9 +172,11 @@ def test_the_state_file_keeps_calibrations_and_older_files_still_load(tmp_path: 
     del older["calibrations"]  # a file written before calibrations: version 1 all the same
     path.write_text(json.dumps(older))
     assert LearnedStats.load(path, settings).load_report.startswith("loaded")
-    older["calibrations"] = {"k": {"cells": "garbage"}}
+    older["calibrations"] = {"k": {"cells": "garbage"}, "j": calibration(1.7, 0.8).to_json()}
     path.write_text(json.dumps(older))
-    assert LearnedStats.load(path, settings).load_report.startswith("corrupt")
+    kept = LearnedStats.load(path, settings)  # the broken one alone is dropped
+    assert kept.load_report.startswith("loaded 0 cells, dropped 1 (1 untrusted; kept as ")
+    assert list(kept.calibrations) == ["j"]
 
 
 def test_the_key_follows_binary_model_and_flags(tmp_path: Path) -> None:

@@ -135,14 +135,15 @@ def test_token_counting_is_mended_like_generation(
     path: str, verdict: LateSystem, changed: bool
 ) -> None:
     raw = json.dumps(LATE).encode()
-    out = counted_body(CompatSettings(), path, raw, "b", {"b": verdict}.get)
+    out = counted_body(CompatSettings(), path, raw, json.loads(raw), "b", {"b": verdict}.get)
     assert (out is not raw) == changed
 
 
 def test_a_counting_body_that_is_not_an_object_goes_as_it_came() -> None:
-    for raw in (b"", b"[1]", b"{not json"):
+    for raw, parsed in ((b"", None), (b"[1]", [1]), (b"{not json", None)):
         path = "/v1/messages/count_tokens"
-        assert counted_body(CompatSettings(), path, raw, "b", lambda _: "refused") is raw
+        out = counted_body(CompatSettings(), path, raw, parsed, "b", lambda _: "refused")
+        assert out is raw
 
 
 # --- any body: a mend never raises (the request would be a 500), it mends, refuses or passes -----

@@ -1,5 +1,7 @@
-"""proxy.plans.gguf reads what the proxy needs of a GGUF with the gguf package, stepping over
-the arrays; and proxy.plans.model_files turns it into check-config's problems."""
+"""proxy.plans.gguf reads what the proxy needs of a GGUF with a bounded reader of its own,
+stepping over the arrays, checked here against the gguf package's reader; and
+proxy.plans.model_files turns it into check-config's problems. Hostile and truncated files
+through the commands: tests/proxy/test_hostile_files.py."""
 
 from __future__ import annotations
 
@@ -7,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFWriter
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from proxy.config.settings import Settings
-from proxy.plans.gguf import GgufError, metadata_reader, read_gguf
+from proxy.plans.gguf import GgufError, read_gguf, read_metadata
 from proxy.plans.model_files import model_file_problems
 from tests.support.tinygguf import LlamaConfig, Mtp, Qwen35Config, write_llama, write_qwen35
 
@@ -42,17 +44,24 @@ def test_no_mtp_layers_and_a_model_without_key_length(files: dict[str, Path]) ->
     assert llama.kv_layers() == 2 and llama.kv_width() == 64  # 4 KV heads x (64 / 4)
 
 
-def test_the_fast_reader_sees_what_the_package_reader_sees(files: dict[str, Path]) -> None:
-    # The arrays it steps over are still stepped over exactly: every later field and tensor
-    # is where the package's own reader finds it.
+def test_the_reader_sees_what_the_package_reader_sees(files: dict[str, Path]) -> None:
+    # The arrays it steps over are stepped over exactly: every later field and tensor is where
+    # the package's own reader finds it.
     for path in files.values():
-        fast, full = metadata_reader()(path), GGUFReader(path)
-        assert list(fast.fields) == list(full.fields)
-        scalars = [k for k, f in full.fields.items() if len(f.data) == 1 and len(f.types) == 1]
-        for key in scalars:
-            assert fast.fields[key].contents() == full.fields[key].contents(), key
-        assert [t.name for t in fast.tensors] == [t.name for t in full.tensors]
-        assert fast.data_offset == full.data_offset
+        mine, full = read_metadata(path), GGUFReader(path)
+        scalars = {
+            key: field.contents()
+            for key, field in full.fields.items()
+            if not key.startswith("GGUF.") and field.types[0] != GGUFValueType.ARRAY
+        }
+        assert {k: v for k, v in mine.fields.items() if v is not None} == scalars
+        assert [k for k, v in mine.fields.items() if v is None] == [
+            k for k, f in full.fields.items() if f.types[0] == GGUFValueType.ARRAY
+        ]
+        assert [(t.name, t.shape) for t in mine.tensors] == [
+            (t.name, tuple(int(n) for n in t.shape)) for t in full.tensors
+        ]
+        assert mine.data_offset == full.data_offset
 
 
 def test_a_file_that_is_no_gguf_is_an_error_that_says_so(tmp_path: Path) -> None:
@@ -65,20 +74,20 @@ def test_a_file_that_is_no_gguf_is_an_error_that_says_so(tmp_path: Path) -> None
         read_gguf(tmp_path / "missing.gguf")
 
 
-def test_a_numeric_array_keeps_its_values(tmp_path: Path) -> None:
+def test_the_arrays_are_stepped_over(tmp_path: Path) -> None:
     path = tmp_path / "arrays.gguf"
     writer = GGUFWriter(path, "qwen35")
     writer.add_array("qwen35.rope.dimension_sections", [4, 2, 2, 0])
     writer.add_token_list([b"a", b"bb", b"ccc"])
+    writer.add_array("nested", [[1, 2], [3]])
     writer.add_context_length(4096)
     writer.add_tensor("t", np.zeros((2, 2), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    fast = metadata_reader()(path)
-    assert list(fast.fields["qwen35.rope.dimension_sections"].contents()) == [4, 2, 2, 0]
     assert read_gguf(path).context_length == 4096  # after the vocabulary: stepped over right
+    assert read_metadata(path).data_offset == GGUFReader(path).data_offset
 
 
 # --- check-config's checks of the files --------------------------------------------------------
@@ -126,13 +135,15 @@ def test_a_model_file_that_cannot_be_read(tmp_path: Path, kind: str, words: str)
     assert problems == [f"models.0.model_path (m): {path}: {words}"]
 
 
-def test_a_file_that_is_no_gguf_is_a_warning_not_a_problem(tmp_path: Path) -> None:
-    sparse = tmp_path / "m.gguf"
-    with sparse.open("wb") as out:
+def test_a_file_that_is_no_gguf_is_a_problem(tmp_path: Path) -> None:
+    zeros = tmp_path / "m.gguf"
+    with zeros.open("wb") as out:
         out.truncate(1 << 20)
-    problems, warnings = model_file_problems(settings_for(sparse))
-    assert problems == []
-    assert warnings and "MTP layers not checked" in warnings[0]
+    problems, _ = model_file_problems(settings_for(zeros, [{"name": "off"}]))
+    assert problems == [
+        f"models.0.model_path (m): {zeros} is not a GGUF file (it begins with "
+        "b'\\x00\\x00\\x00\\x00', not b'GGUF')"
+    ]
 
 
 def test_a_missing_draft_model(files: dict[str, Path], tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ def test_key_comparison_takes_the_same_time_wherever_the_keys_differ() -> None:
 
     def timing(presented: str) -> float:
         started = time.perf_counter()
-        key_matches(presented, [key, key])
+        key_matches(presented.encode(), [key, key])
         return time.perf_counter() - started
 
     timing(early)  # warm up
@@ -26,4 +26,5 @@ def test_key_comparison_takes_the_same_time_wherever_the_keys_differ() -> None:
     pairs = [(timing(early), timing(late)) for _ in range(25)]
     ratio = min(late for _, late in pairs) / min(early for early, _ in pairs)
     assert 0.5 < ratio < 2.0, f"late/early mismatch time ratio {ratio:.2f}"
-    assert key_matches(key, ["other", key]) and not key_matches(late, [key])
+    assert key_matches(key.encode(), ["other", key])
+    assert not key_matches(late.encode(), [key])

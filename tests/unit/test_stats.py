@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from structlog.testing import capture_logs
 
 from proxy.config.routing import RoutingSettings
 from proxy.routing.busy import BusyDepths
@@ -217,36 +218,55 @@ def test_save_and_load_roundtrip(tmp_path: Path) -> None:
     assert LearnedStats.load(path, settings).table() == stats.table()
 
 
-def test_load_missing_or_corrupt_starts_empty(tmp_path: Path) -> None:
+def test_load_missing_or_unreadable_starts_empty_and_keeps_the_file(tmp_path: Path) -> None:
     settings = RoutingSettings()
     missing = LearnedStats.load(tmp_path / "nope.json", settings)
     assert missing.table() == []
     assert missing.load_report.startswith("missing")
+    assert list(tmp_path.iterdir()) == []  # nothing to keep
     bad = tmp_path / "bad.json"
-    for content in (
-        b"{not json",
-        b"[]",
-        b'{"version": 1, "cells": [{"bucket": "<4k"}]}',
-        b'{"version": 99, "cells": []}',
-        b"\xff\xfe",
-    ):
+    for content in (b"{not json", b"[]", b'{"version": 99, "cells": []}', b"\xff\xfe"):
         bad.write_bytes(content)
         stats = LearnedStats.load(bad, settings)
         assert stats.table() == []
         assert "starting empty" in stats.load_report
-    cell = {
-        "bucket": "<4k",
-        "kind": "code",
-        "profile": "max",
-        "decode": [5, 40, 1700],
-        "prefill": [0, 0, 0],
-        "output": [0, 0, 0],
-        "acceptance": [0, 0, 0],
-    }
-    negative = dict(cell, decode=[5, -40, 1700])
-    bad.write_text(json.dumps({"version": 1, "buckets": [], "cells": [cell, negative]}))
-    stats = LearnedStats.load(bad, settings)
-    assert stats.table() == [] and "corrupt" in stats.load_report
+        assert stats.load_report.endswith(f"; kept as {bad}.rejected")
+        assert Path(f"{bad}.rejected").read_bytes() == content
+
+
+def test_load_drops_the_cells_it_cannot_trust_and_keeps_the_rest(tmp_path: Path) -> None:
+    """One bad number once cost every cell: the file was refused whole and the next save wrote
+    the empty state over it. Now only the bad cells go, the log names them, and the file as it
+    was is kept as <name>.rejected."""
+    settings = RoutingSettings(min_samples=1)
+    stats = LearnedStats(settings)
+    for profile in ("off", "max"):
+        stats.observe(CLS, profile, obs(40.0))
+    path = tmp_path / "learned.json"
+    stats.save(path)
+    good = LearnedStats.load(path, settings).table()
+    state = json.loads(path.read_bytes())
+    max_cell = next(c for c in state["cells"] if c["profile"] == "max")
+    for poison in (-40, "NaN", "Infinity", None):
+        max_cell["decode"][1] = poison
+        bad = json.dumps(state).replace('"NaN"', "NaN").replace('"Infinity"', "Infinity")
+        path.write_text(bad)
+        with capture_logs() as logs:
+            loaded = LearnedStats.load(path, settings)
+        assert loaded.table() == [row for row in good if row["profile"] == "off"], poison
+        assert loaded.load_report == (
+            f"loaded 1 cells, dropped 1 (1 untrusted; kept as {path}.rejected)"
+        )
+        assert Path(f"{path}.rejected").read_text() == bad
+        (warning,) = [line for line in logs if line["event"] == "stats_state_cells_dropped"]
+        assert warning["log_level"] == "warning" and warning["untrusted"] == 1
+        (why,) = warning["dropped"]
+        assert why.startswith("cell <4k/code/max@0: "), why
+    del max_cell["decode"]  # a field missing: the same
+    path.write_text(json.dumps(state))
+    loaded = LearnedStats.load(path, settings)
+    assert "(1 untrusted; kept as " in loaded.load_report
+    assert [r["profile"] for r in loaded.table()] == ["off"]
 
 
 def test_load_drops_cells_of_changed_buckets(tmp_path: Path) -> None:

@@ -104,6 +104,7 @@
     page.session = null;
     for (const body of document.querySelectorAll("#live tbody")) body.replaceChildren();
     $("#depths .cards").replaceChildren();
+    $("#warnings").hidden = true;
   }
 
   function start() {
@@ -152,6 +153,7 @@
       page.shapes = Object.fromEntries(depths.backends.map((b) => [b.name, b]));
       renderBackends(backends.backends);
       renderDepths(depths.backends);
+      renderWarnings(depths.warnings || []);
       addRequests(recent);
       if (routing) {
         renderMix(routing.mix);
@@ -214,6 +216,13 @@
         el("td", { class: "wrap", text: b.last_error || "" }));
     });
     $("#backends tbody").replaceChildren(...rows);
+  }
+
+  // --- what the operator must hear: a state file not read whole, a failed save -------------
+
+  function renderWarnings(warnings) {
+    $("#warnings").hidden = !warnings.length;
+    $("#warnings ul").replaceChildren(...warnings.map((text) => el("li", { text })));
   }
 
   // --- the depth each process runs now -------------------------------------------------------
