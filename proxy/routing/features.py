@@ -31,6 +31,8 @@ _SAMPLE_BUDGET = 6000  # chars of recent text sampled for the code/prose signals
 _SYSTEM_SAMPLE = 3000  # chars of the system prompt sampled for the agent signal
 _HASH_HALF = 4096  # per segment, the session hash covers head + tail + length
 _DENSITY_FLOOR = 200  # densities of tiny samples are computed over at least this many chars
+_FENCED_BUDGET = 262_144  # chars of recent text whose fenced share is measured (whole, not heads)
+_FENCED_BULK = 0.5  # a prompt this much inside fenced blocks is code, whatever leads it in
 
 _MEDIA_TYPES = frozenset(
     {"image_url", "image", "input_image", "input_audio", "file", "input_file", "document"}
@@ -373,12 +375,37 @@ def _system_sample(segments: Sequence[str], end: int) -> str:
     return "\n".join(parts)
 
 
+def fenced_share(segments: Sequence[str], start: int) -> float:
+    """The share of the recent text (from index ``start`` on, newest first, up to
+    ``_FENCED_BUDGET`` chars) that lies inside fenced blocks (between a line's ``` and the
+    next): a file given in the prompt to copy or refactor is code to the drafter, whatever
+    English leads it in, though the heads of the segments sampled for the other signals may
+    hold the lead-in alone."""
+    inside = total = 0
+    for i in range(len(segments) - 1, start - 1, -1):
+        text = segments[i][: _FENCED_BUDGET - total]
+        total += len(text)
+        at = text.find("```")
+        while at != -1:
+            end = text.find("```", at + 3)
+            if end == -1:
+                inside += len(text) - at  # an open fence runs to the end of its segment
+                break
+            inside += end - at
+            at = text.find("```", end + 3)
+        if total >= _FENCED_BUDGET:
+            break
+    return inside / total if total else 0.0
+
+
 def _code_score(w: _Walk, has_tools: bool) -> tuple[int, bool]:
     """Score the code signals; return (score, agent system prompt seen)."""
     sample = _sample(w.segments, w.system_end)
     n = max(len(sample), _DENSITY_FLOOR) / 1000.0
     score = 0
-    if sample.count("```") >= 2:
+    if fenced_share(w.segments, w.system_end) >= _FENCED_BULK:
+        score += _CODE_SCORE  # its bulk is a fenced block: code, whatever leads it in
+    elif sample.count("```") >= 2:
         score += 3
     if "\n@@ " in sample or sample.count("\n+") >= 3:
         score += 2  # unified diffs / patches

@@ -17,6 +17,7 @@ from proxy.routing.features import (
     FeatureError,
     RequestFeatures,
     extract_features,
+    fenced_share,
 )
 from proxy.routing.stats import TokenCalibrator
 
@@ -520,3 +521,21 @@ def test_calibrator_json_roundtrip_and_garbage() -> None:
     restored.load_json({"x": [999, 1], "y": "bad", "z": [2.0, -1]})
     restored.load_json([1, 2])
     assert restored.chars_per_token("x") == restored.chars_per_token("z") == 3.5
+
+
+def test_a_prompt_whose_bulk_is_a_fenced_file_is_code_whatever_leads_it_in() -> None:
+    """A file given to copy or refactor: a long English lead-in fills the head that the other
+    signals sample, but the drafter spends the request inside the fenced file."""
+    lead_in = prose_text(2500)
+    copy = f"{lead_in}\n\nCopy this file exactly:\n```python\n{code_text(6000)}\n```\n"
+    assert feats("chat", {"messages": [{"role": "user", "content": copy}]}).kind == "code"
+    # A short fenced snippet in a long prose prompt does not make it code by bulk.
+    aside = f"{prose_text(8000)}\n```text\nnote\n```\n{prose_text(2000)}"
+    assert fenced_share([aside], 0) < 0.01
+
+
+def test_the_fenced_share_counts_what_lies_between_fences() -> None:
+    assert fenced_share(["ab```cd```"], 0) == pytest.approx(5 / 10)
+    assert fenced_share(["lead ```open to the end"], 0) == pytest.approx(18 / 23)
+    assert fenced_share(["system ```x```", "plain"], 1) == 0.0  # the system part is not read
+    assert fenced_share([], 0) == 0.0
