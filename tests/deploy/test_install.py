@@ -50,6 +50,12 @@ class Box:
         return done.stdout
 
 
+def _cmake_args(binary: Path) -> str:
+    """The CMAKE_ARGS of a cached build, from the build-info.txt the build script keeps."""
+    info = (binary.parents[1] / "build-info.txt").read_text()
+    return info.split("CMAKE_ARGS=", 1)[1].strip()
+
+
 @pytest.fixture(scope="module")
 def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
     workdir = tmp_path_factory.mktemp("install-sandbox")
@@ -58,8 +64,9 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
         sandbox = Sandbox(workdir / "box")
     except SandboxError as exc:
         pytest.fail(str(exc), pytrace=False)
-    # The build script finds its cache (a cache hit: no build in the test).
-    env = {"MTP_LLAMA_SERVER_CACHE": str(patched.parents[2])}
+    # The build script finds its cache (a cache hit: no build in the test): the same cache
+    # and the CMake flags the cached build was made with (they are part of its key).
+    env = {"MTP_LLAMA_SERVER_CACHE": str(patched.parents[2]), "CMAKE_ARGS": _cmake_args(patched)}
     models = workdir / "models"
     models.mkdir()
     write_qwen35(models / "tiny-qwen.gguf", Qwen35Config(mtp=Mtp.IDENTITY, bigram=True))

@@ -227,7 +227,7 @@ def watch(*args: str, frames: int, timeout: float = 30.0) -> tuple[str, int, str
             assert time.monotonic() < deadline, f"fewer than {frames} frames: {seen}"
             time.sleep(0.05)
         process.send_signal(signal.SIGINT)
-        code = process.wait(10)
+        code = process.wait(60)  # a loaded machine may take a while to unwind
     finally:
         if process.poll() is None:
             process.kill()
