@@ -2,11 +2,23 @@
 
 Nothing a llama-server reports says whether it reads ``"speculative.n_max"`` from a request
 (stock llama.cpp 11434 ignores the key; the build from ``patches/llama.cpp`` honours it; /props
-says nothing usable). So ask it: two short greedy completions with different prompts, one plain
-and one with ``"speculative.n_max": 0``. The field is honoured iff only the plain one drafted
-(``timings.draft_n``). A backend started without speculation, or whose plain answer drafted
-nothing, has no draft to control. Any failure counts as ``ignored``, never as honoured, and
-says why.
+says nothing usable). So ask it: the same greedy completion twice, first plain, then with
+``"speculative.n_max": 0``, and read ``timings.draft_n`` (absent when nothing was drafted).
+
+The prompt repeats one line and the answer is long enough for every speculative type to draft:
+the n-gram types (``ngram-*``) draft only what they find earlier in the text, so a short answer
+to an ordinary prompt drafts nothing there, whether the field is honoured or not. The second
+request comes after the first on the same text, so a drafter that keeps state across requests
+(the n-gram pools and caches) has at least as much to draft from the second time.
+
+- ``per-request``: the plain request drafted, the one with 0 did not: the field is honoured.
+- ``ignored``: the request with 0 drafted: the field is ignored (stock llama.cpp). A probe that
+  failed (no answer, an error, no timings) counts as ``ignored`` too, never as honoured, and
+  says why.
+- ``undecided``: neither drafted, so there is nothing to tell by: speculation that drafts
+  nothing here (a draft model whose vocabulary does not match, a drafter with nothing to match),
+  or none at all on a remote backend.
+- ``none``: started without speculation (known from its command line; nothing is asked).
 """
 
 from __future__ import annotations
@@ -19,14 +31,22 @@ from typing import Any, Literal
 
 import aiohttp
 
-DraftControl = Literal["per-request", "ignored", "none"]
+DraftControl = Literal["per-request", "ignored", "undecided", "none"]
 
 DEPTH_KEY = "speculative.n_max"  # the flat top-level key, as llama-server's schema names it
 _PATH = "/v1/completions"
-# A few tokens are enough: the first draft comes right after the first sampled token.
-_MAX_TOKENS = 8
-# Two prompts, so the second answer cannot be a replay of the first from the prompt cache.
-_PROMPTS = ("The quick brown fox", "Once upon a time")
+# A line said over and over, the last time cut short: greedy decoding carries on with it, so the
+# n-gram drafters match from the first token on and a draft model or MTP head is sure of itself.
+# The line is long (27 tokens for Gemma 3): ngram-simple drafts only from a match followed by at
+# least its lookup length (12 tokens by default) of text, and takes the nearest match.
+_LINE = (
+    "The quick brown fox jumps over the lazy dog while the small grey cat sleeps under the old "
+    "wooden table by the open kitchen window.\n"
+)
+PROMPT = _LINE * 5 + "The quick brown fox"
+# Enough tokens for several draft steps once the answer is in step with the prompt (the first
+# draft comes right after the first sampled token); a few hundred ms on a 270M model on a CPU.
+MAX_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -59,27 +79,29 @@ async def probe_draft_control(
         return result("none", "started without speculation (no --spec-type)")
     try:
         async with asyncio.timeout(timeout_s):
-            plain = await _drafted(session, base_url, model, _PROMPTS[0], None)
-            if plain == 0:
-                return result("none", "a plain request drafted nothing")
-            zero = await _drafted(session, base_url, model, _PROMPTS[1], 0)
+            plain = await _drafted(session, base_url, model, None)
+            zero = await _drafted(session, base_url, model, 0)
     except TimeoutError:
         return result("ignored", f"probe failed: no answer within {timeout_s:g}s", True)
     except _ProbeFailed as exc:
         return result("ignored", f"probe failed: {exc}", True)
     if zero > 0:
         return result("ignored", f"drafted {zero} tokens with {DEPTH_KEY} 0 ({plain} without)")
+    if plain == 0:
+        return result(
+            "undecided", f"drafted nothing on a repeating prompt, with or without {DEPTH_KEY}"
+        )
     return result("per-request", f"drafted {plain} tokens without {DEPTH_KEY}, none with 0")
 
 
 async def _drafted(
-    session: aiohttp.ClientSession, base_url: str, model: str, prompt: str, depth: int | None
+    session: aiohttp.ClientSession, base_url: str, model: str, depth: int | None
 ) -> int:
-    """Tokens the backend drafted for one short greedy completion (0 when draft_n is absent)."""
+    """Tokens the backend drafted for the probe's greedy completion (0 when draft_n is absent)."""
     body: dict[str, Any] = {
         "model": model,
-        "prompt": prompt,
-        "max_tokens": _MAX_TOKENS,
+        "prompt": PROMPT,
+        "max_tokens": MAX_TOKENS,
         "temperature": 0,
         "stream": False,
     }

@@ -190,8 +190,9 @@ class ModelSettings(BaseModel):
         'depths ("speculative.n_max"); it needs a backend that honours that field (the patched '
         "llama-server, ik_llama.cpp, the simulator). With per-process, the pool: one process per "
         "profile, each with its own copy of the weights. With auto, one process first, and its "
-        "probe decides: per-request if the field is honoured, else the pool if it fits in memory, "
-        "else one process at fallback_profile.",
+        "probe decides: per-request if the field is honoured (or if the probe drafted nothing "
+        "and so cannot tell), else the pool if it fits in memory, else one process at "
+        "fallback_profile.",
     )
     env: dict[str, str] = Field(
         default={},

@@ -91,8 +91,8 @@ class BackendsCollector(Collector):
         family = GaugeMetricFamily(
             "mtp_proxy_backend_draft_control",
             "1 for what the draft-control probe found: per-request (it honours "
-            "speculative.n_max), "
-            "ignored (it does not, or the probe failed) or none (no speculation); all 0 until "
+            "speculative.n_max), ignored (it does not, or the probe failed), undecided (it "
+            "drafted nothing, so the probe cannot tell) or none (no speculation); all 0 until "
             "probed.",
             labels=["backend", "model", "control"],
         )

@@ -5,6 +5,10 @@ supervisor probes a backend before it publishes it READY (`supervisor.draft_prob
 read here the moment the backend turns READY:
 
 - ``per-request``: the plan stands; the profiles stay per-request depths.
+- ``undecided`` (the probe drafted nothing, with or without the field): the plan stands too,
+  with a warning. Nothing was drafted to tell by, and nothing is lost by staying: a backend that
+  ignores the field drafts every request at its start-up depth, while a pool of processes that
+  draft nothing would only cost memory.
 - ``ignored`` / ``none`` (or a failed probe, which counts as ignored): the one process cannot
   take a depth per request. The model falls back to the pool if it fits in memory (the running
   process's share counted as freed), else to one process at the single best setting. The running
@@ -43,14 +47,24 @@ def on_ready(state: ProxyState, backend: Backend) -> None:
                 backend=backend.name,
                 draft_control=backend.draft_control,
                 probe_reason=backend.draft_control_reason,
-                message="draft_control is per-request but this backend ignores "
-                "speculative.n_max: every request runs at its start-up depth",
+                message="draft_control is per-request but this backend's probe did not see it "
+                "honour speculative.n_max: a backend that ignores it runs every request at its "
+                "start-up depth",
             )
         return
     model = next(m for m in state.settings.models if m.name == plan.model)
     verdict, reason = backend.draft_control, backend.draft_control_reason
-    if verdict == "per-request":
-        state.plans[model.name] = resolve_auto(model, "per-request", None, "")
+    if verdict in ("per-request", "undecided"):
+        state.plans[model.name] = resolve_auto(model, verdict, None, "")
+        if verdict == "undecided":
+            log.warning(
+                "plan_undecided",
+                model=model.name,
+                backend=backend.name,
+                probe_reason=reason,
+                message="the probe drafted nothing, so it cannot tell whether the backend "
+                "honours speculative.n_max: the one process stays",
+            )
         log.info("plan", model=model.name, shape="one-process", why=state.plans[model.name].reason)
         return
     probe: DraftControl = "none" if verdict == "none" else "ignored"  # unprobed: not honoured

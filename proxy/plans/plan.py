@@ -13,8 +13,9 @@ and the pool does not fit: one process at the single best setting (``fallback_pr
 
 ``draft_control`` chooses: ``per-request`` (one process), ``per-process`` (the pool) or ``auto``
 (one process first; once its probe tells, it stays if the field is honoured, else the pool if it
-fits, else ``single``). n_min / p_min are not per-request (the patch makes only n_max so): the
-process starts with the deepest profile's, and the plan says so for the others.
+fits, else ``single``; a probe that drafted nothing cannot tell, and the one process stays).
+n_min / p_min are not per-request (the patch makes only n_max so): the process starts with the
+deepest profile's, and the plan says so for the others.
 """
 
 from __future__ import annotations
@@ -87,6 +88,13 @@ def resolve_auto(
     """auto, once the first process's probe answered: keep it, or fall back."""
     if probe == "per-request":
         return _one_process(model, "auto: the probe says the backend honours the depth field")
+    if probe == "undecided":
+        return _one_process(
+            model,
+            "auto: the probe drafted nothing, with the depth field or without, so it cannot "
+            "tell; the one process stays (if the backend ignores the field, every request "
+            "drafts at its start-up depth)",
+        )
     why = f"auto: the probe says {probe!r} (the backend ignores speculative.n_max)"
     if pool_fits is not False:
         return ModelPlan(model.name, "pool", f"{why}; the pool fits ({memory_note})")

@@ -1,7 +1,9 @@
 """The draft-control probe (supervisor/draft_probe.py) on real backends, alone and supervised.
 
 Real llama-servers (marked `llama`): the patched build honours ``"speculative.n_max"``
-(per-request), the stock one ignores it (ignored), a server without speculation has none. Real
+(per-request) with every kind of drafter, the MTP head of the tiny qwen35 model and each n-gram
+type on Gemma 3 270M (which drafts only what it finds earlier in the text); the stock one ignores
+it (ignored); a server that drafts nothing, with or without the field, leaves it undecided. Real
 misbehaving backends (tests/support/misbehaving_backend.py) show that a probe that cannot tell says
 ignored, with the reason, and never per-request.
 """
@@ -26,9 +28,11 @@ from tests.support.llama_fixtures import (
     running_llama_server,
 )
 from tests.support.misbehaving_backend import running_backend
+from tests.support.real_models import GEMMA3_270M, SMOLLM2_135M, real_model
 
 S = BackendState
 MTP = ("--spec-type", "draft-mtp", "--spec-draft-n-max", "3")
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 # -t 1: several llama-servers share 2 cores in CI.
 SERVER_ARGS = ("-t", "1", "-c", "2048", "-np", "2", "--metrics")
 
@@ -99,14 +103,58 @@ async def test_stock_build_ignores_the_field(model: Path, tmp_path: Path) -> Non
 
 
 @pytest.mark.llama
-async def test_a_server_without_speculation_has_none(
+async def test_a_server_without_speculation_is_undecided_when_asked(
     model: Path, tmp_path: Path, patched_binary: str
 ) -> None:
-    # As for a remote backend: nothing known about its flags, so it is asked.
+    # As for a remote backend: nothing known about its flags, so it is asked; nothing drafted
+    # tells nothing about the field.
     with running_llama_server(model, log_dir=tmp_path, binary=patched_binary) as server:
         found = await probe(server.base_url, speculative=True)
-    assert (found.control, found.failed) == ("none", False), found.reason
+    assert (found.control, found.failed) == ("undecided", False), found.reason
     assert "drafted nothing" in found.reason
+
+
+@pytest.fixture(scope="module")
+def gemma() -> Path:
+    return real_model(GEMMA3_270M)
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("spec_type", NGRAM_TYPES)
+async def test_patched_build_honours_the_field_with_each_ngram_type(
+    gemma: Path, tmp_path: Path, patched_binary: str, spec_type: str
+) -> None:
+    # Each type with its own defaults, as a user starts it: an n-gram drafter drafts only what
+    # it finds earlier in the text, which a short answer to an ordinary prompt never gives it.
+    args = ("--spec-type", spec_type)
+    with running_llama_server(gemma, *args, log_dir=tmp_path, binary=patched_binary) as server:
+        found = await probe(server.base_url)
+    print(f"\n{spec_type}: {found}")
+    assert (found.control, found.failed) == ("per-request", False), found.reason
+
+
+@pytest.mark.llama
+async def test_stock_build_ignores_the_field_with_an_ngram_type(
+    gemma: Path, tmp_path: Path
+) -> None:
+    with running_llama_server(gemma, "--spec-type", "ngram-mod", log_dir=tmp_path) as server:
+        found = await probe(server.base_url)
+    assert (found.control, found.failed) == ("ignored", False), found.reason
+    assert "with speculative.n_max 0" in found.reason
+
+
+@pytest.mark.llama
+async def test_a_draft_model_of_another_vocabulary_leaves_it_undecided(
+    gemma: Path, tmp_path: Path, patched_binary: str
+) -> None:
+    # llama-server refuses SmolLM2 as Gemma's draft (their vocabularies differ), logs it and
+    # serves without speculation: nothing is drafted, with the field or without.
+    args = ("--spec-type", "draft-simple", "-md", str(real_model(SMOLLM2_135M)))
+    with running_llama_server(gemma, *args, log_dir=tmp_path, binary=patched_binary) as server:
+        found = await probe(server.base_url)
+        log = server.log_path.read_text(errors="replace")
+    assert "draft model vocab type must match target model" in log
+    assert (found.control, found.failed) == ("undecided", False), found.reason
 
 
 # --- inside the supervisor ---
@@ -165,6 +213,25 @@ async def test_supervisor_probes_before_ready_and_again_after_a_restart(
         "ignored", "none", "per-request", "per-request",
     ]  # fmt: skip
     assert all(e["log_level"] == "info" and e["reason"] for e in probed), probed
+
+
+@pytest.mark.llama
+async def test_supervisor_tells_an_ngram_backend_that_honours_from_one_that_ignores(
+    gemma: Path, patched_binary: str
+) -> None:
+    seen = Seen()
+    ngram = ("--spec-type", "ngram-simple")
+    specs = [
+        local_spec("patched", patched_binary, gemma, *ngram),
+        local_spec("stock", llama_server_binary(), gemma, *ngram),
+    ]
+    async with supervisor(specs, seen, probe_timeout_s=30) as running:
+        assert await running.wait_ready(90)
+        reasons = {
+            name: running.backend(name).draft_control_reason for name in ("patched", "stock")
+        }
+    assert seen.at_ready("patched") == ["per-request"], reasons
+    assert seen.at_ready("stock") == ["ignored"], reasons
 
 
 async def test_a_remote_backend_that_misbehaves_is_ready_but_ignored() -> None:

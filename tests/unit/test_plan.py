@@ -100,6 +100,17 @@ def test_auto_resolution_follows_the_probe_and_the_memory() -> None:
     assert resolve_auto(m, "ignored", None, "unknown").shape == "pool"
 
 
+def test_auto_keeps_the_one_process_when_the_probe_drafted_nothing() -> None:
+    # Nothing drafted, with the field or without: nothing tells that the field is ignored, and
+    # a pool of processes that draft nothing would only cost memory.
+    m = model()
+    for fits in (True, False, None):
+        plan = resolve_auto(m, "undecided", fits, "")
+        assert plan.shape == "one-process" and plan.decided, plan
+        assert plan.depths == {"off": 0, "min": 2, "max": 3}
+        assert "drafted nothing" in plan.reason and "cannot tell" in plan.reason
+
+
 def test_pool_fits_counts_the_running_copy_as_freed(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     with path.open("wb") as handle:

@@ -249,7 +249,9 @@ def test_a_process_that_ignores_the_depth_or_a_single_process_serves_its_own_set
     stock = replace(_served("one-process"), draft_control="ignored")
     routes, refused = stock.routes([OFF, N2, N3])
     assert [s.name for s in routes] == ["off"]
-    assert "ignores the per-request depth" in refused["n3"]
+    assert "not seen to honour the per-request depth" in refused["n3"]
+    undecided = replace(_served("one-process"), draft_control="undecided")
+    assert [s.name for s in undecided.routes([OFF, N2, N3])[0]] == ["off"]
     single = replace(_served("single"), single_profile="max")
     routes, refused = single.routes([OFF, N3])
     assert {s.name: r.pin for s, r in routes.items()} == {"n3": "max"}

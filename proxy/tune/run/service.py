@@ -73,10 +73,11 @@ class ServedModel:
 
     def _route(self, setting: DraftSetting) -> tuple[Route | None, str]:
         if self.shape == "one-process":
-            if self.draft_control in ("ignored", "none") and not setting.is_off:
+            if self.draft_control in ("ignored", "none", "undecided") and not setting.is_off:
                 return None, (
-                    f"the service's process ignores the per-request depth (its probe says "
-                    f"{self.draft_control!r}): every request would draft at its start-up depth"
+                    f"the service's process was not seen to honour the per-request depth (its "
+                    f"probe says {self.draft_control!r}): a request may draft at its start-up "
+                    "depth whatever it asks"
                 )
             return self._depth_route(setting)
         if self.shape == "single":
@@ -196,8 +197,11 @@ async def read_service(
 
 def _served(row: Mapping[str, Any], probed: Mapping[Any, Any]) -> ServedModel:
     plan = row.get("plan") or {}
-    # "ignored" and "none" sort before "per-request": the worst that a backend of it reported.
-    controls = sorted({str(c) for b in row.get("backends", []) if (c := probed.get(b)) is not None})
+    # The worst that a backend of it reported: anything but "per-request" before it.
+    controls = sorted(
+        {str(c) for b in row.get("backends", []) if (c := probed.get(b)) is not None},
+        key=lambda control: (control == "per-request", control),
+    )
     return ServedModel(
         name=row["name"],
         backend=row["backend"],
