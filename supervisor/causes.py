@@ -23,7 +23,7 @@ _HOME_HINT = (
 class Cause:
     """A known reason a backend failed: a kind, what happened, what to do, and the line seen."""
 
-    kind: str  # missing-file, no-mtp-layers, missing-library, out-of-memory, unknown-flag, ...
+    kind: str  # missing-file, no-mtp-layers, missing-library, out-of-memory, crashed, ...
     words: str  # what happened, in plain words
     hint: str  # what to do about it
     evidence: str  # the output line that told (stripped of llama.cpp's timestamp prefix)
@@ -103,21 +103,40 @@ def diagnose(
 ) -> Cause | None:
     """The known cause in a failed run's output, or None. `error` is the supervisor's own
     record of the failure (a spawn error, a timeout), searched after the lines."""
-    texts = [_PREFIX.sub("", line).strip() for line in lines]
-    if error:
-        texts += [error.splitlines()[0]]
+    output = [_PREFIX.sub("", line).strip() for line in lines]
+    texts = output + ([error.splitlines()[0]] if error else [])
     for kind, pattern, explain in _RULES:
         for text in texts:
             match = pattern.search(text)
             if match is not None:
                 words, hint = explain(match)
                 return Cause(kind, words, hint, text)
+    return _signal_cause(exit_code, output, texts)
+
+
+def _signal_cause(
+    exit_code: int | None, output: Sequence[str], texts: Sequence[str]
+) -> Cause | None:
+    """A death by signal that no line explains: what the signal says, and the last line."""
+    last = texts[-1] if texts else "nothing"
+    if exit_code == -signal.SIGSEGV:
+        # llama-server's own last words, not the supervisor's record of the signal.
+        said = next((text for text in reversed(output) if text), last)
+        return Cause(
+            "crashed",
+            "llama-server crashed (SIGSEGV)",
+            "if it died loading a quantised model with a CPU build made for this machine "
+            "(GGML_NATIVE, the default), the CPU may advertise AMX without the VM granting its "
+            "tile state: use a portable build (CMAKE_ARGS=-DGGML_NATIVE=OFF) or add --no-repack "
+            'to the model\'s args (docs/development.md, "Portable builds")',
+            said,
+        )
     if exit_code == -signal.SIGKILL:
         return Cause(
             "out-of-memory",
             "killed by SIGKILL while loading, most likely by the kernel's out-of-memory killer",
             "see dmesg; give the model less context (-c) or the box more memory",
-            texts[-1] if texts else "nothing",
+            last,
         )
     return None
 

@@ -118,3 +118,20 @@ def test_out_of_memory(models: dict[str, Path], tmp_path: Path) -> None:
     assert code == 3
     line = cause_line(output)
     assert "out of memory while loading" in line and "lower -c" in line
+
+
+def test_a_crash_while_loading(models: dict[str, Path], tmp_path: Path) -> None:
+    # A native build on a VM whose CPU advertises AMX without granting its tile state dies with
+    # SIGSEGV loading a quantised model; this CPU has no AMX, so a 64 KiB stack limit makes the
+    # real server die with SIGSEGV while it loads the model instead: the signal is what tells.
+    wrapper = tmp_path / "llama-server"
+    wrapper.write_text(f'#!/bin/sh\nulimit -s 64\nexec "{patched_llama_server_binary()}" "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    model = llama_model(models["llama"], profiles=[{"name": "off"}])
+    model["binary"] = str(wrapper)
+    code, output = serve_until_exit(tmp_path, model)
+    assert code == 3
+    line = cause_line(output)
+    assert "llama-server crashed (SIGSEGV)" in line, line
+    assert "CMAKE_ARGS=-DGGML_NATIVE=OFF" in line and "--no-repack" in line
+    assert "load_model: loading model" in line  # its last words, quoted

@@ -96,6 +96,23 @@ def test_a_sigkill_before_ready_points_at_the_oom_killer() -> None:
     assert "out-of-memory killer" in cause.words and "dmesg" in cause.hint
 
 
+def test_a_sigsegv_points_at_a_native_build_on_a_vm_without_amx_state() -> None:
+    # A native build on a VM whose CPU advertises AMX without granting its tile state dies
+    # loading a quantised model, right after its thread pool starts (docs/development.md,
+    # "Portable builds"); llama-server says nothing about it, so the signal is all there is.
+    # The lines are the pinned build's last ones before that point, loading Gemma 3 270M Q4_K_M.
+    lines = [
+        "0.00.016.283 I srv    load_model: loading model '/srv/models/gemma-3-270m-q4_k_m.gguf'",
+        "0.04.245.132 I cmn          init: llama threadpool init, n_threads = 1",
+    ]
+    cause = diagnose(lines, -signal.SIGSEGV)
+    assert cause is not None and cause.kind == "crashed"
+    assert "SIGSEGV" in cause.words
+    assert "-DGGML_NATIVE=OFF" in cause.hint and "--no-repack" in cause.hint
+    assert cause.evidence == "cmn          init: llama threadpool init, n_threads = 1"
+    assert diagnose(lines, 1) is None  # an exit code is not a crash
+
+
 def test_unknown_causes_are_none_and_quote_the_telling_line() -> None:
     lines = [
         "0.00.011.001 I starting",
