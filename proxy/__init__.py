@@ -19,6 +19,7 @@ Start-up (``mtp-proxy serve``) and the life of the process:
 - ``observability.logs``: structlog JSON lines (a console renderer on a tty), credentials redacted.
 - ``plans.plan``: how each model is served (one process, pool, single) and its backend specs.
 - ``plans.preflight``: whether the backends fit in GPU memory, said before they start.
+- ``plans.speculation``: what each backend drafts with: its speculative type and draft model.
 - ``plans.gguf``: what a GGUF says about itself (read bounded): trained context, MTP layers, KV
   shape.
 - ``app``: the aiohttp application (routes, middlewares, cleanup contexts) and ``serve``.
@@ -103,6 +104,9 @@ Beside the requests:
 Setting up a box (``mtp-proxy check-config`` and ``mtp-proxy init``):
 - ``cli.check_config``: ``check-config``: a configuration checked as the service will run it.
 - ``plans.model_files``: the model files exist, can be read, and have the MTP layers drafted.
+- ``plans.draft_models``: a draft model of the kind its speculative type needs, and of the
+  model's vocabulary.
+- ``plans.known_types``: the speculative types the configured llama-server lists in its --help.
 - ``cli.init_config``: ``init``: a commented single-GPU configuration for one GGUF.
 - ``cli.builds``: the llama-server builds on this box, the patched one first.
 

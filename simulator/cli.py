@@ -13,6 +13,7 @@ import structlog
 from simulator.config import SimConfig, parse_acceptance_scale
 from simulator.model import DraftSettings
 from simulator.presets import load_preset
+from supervisor.spec_types import SPEC_TYPES, type_names
 
 # option string -> takes a value
 _KNOWN: dict[str, bool] = {
@@ -152,6 +153,7 @@ def parse_config(argv: Sequence[str]) -> SimConfig:
         parser.error("-np must be >= 1")
     if not 0.0 <= args.spec_draft_p_min <= 1.0:
         parser.error("--spec-draft-p-min must be within [0, 1]")
+    _refuse_unknown_types(args.spec_type)
     n_max = max(0, args.spec_draft_n_max)
     try:
         scales = parse_acceptance_scale(args.acceptance_scale)
@@ -183,6 +185,17 @@ def parse_config(argv: Sequence[str]) -> SimConfig:
         cache_idle_slots=args.cache_idle_slots,
         refuse_late_system=args.refuse_late_system,
     )
+
+
+def _refuse_unknown_types(spec_type: str) -> None:
+    """Exit 1 on a speculative type the pinned llama-server does not know, as it does."""
+    for name in type_names(spec_type):
+        if name not in SPEC_TYPES:
+            print(
+                f'error while handling argument "--spec-type": unknown speculative type: {name}',
+                file=sys.stderr,
+            )
+            raise SystemExit(1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

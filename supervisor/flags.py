@@ -22,6 +22,7 @@ GPU_LAYERS: Names = ("-ngl", "--gpu-layers", "--n-gpu-layers")
 CACHE_TYPE_K: Names = ("-ctk", "--cache-type-k")
 CACHE_TYPE_V: Names = ("-ctv", "--cache-type-v")
 SPEC_TYPE: Names = ("--spec-type",)
+DRAFT_MODEL: Names = ("-md", "--model-draft", "--spec-draft-model")
 SET_BY_SUPERVISOR: Names = ("--host", "--port")
 SPEC_TYPES_OFF = frozenset({"none"})  # --spec-type values that start no speculation
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from supervisor.flags import SPEC_TYPES_OFF, supervisor_flag_in
+from supervisor.spec_types import DRAFT_MODEL_TYPES, draft_model_types
 from supervisor.urls import base_url_problem
 
 
@@ -17,7 +18,7 @@ class DraftSpec:
     n_max: int | None = None
     n_min: int | None = None
     p_min: float | None = None
-    draft_model: str | None = None  # -md for draft-simple
+    draft_model: str | None = None  # -md: draft-simple, draft-eagle3, draft-dflash, draft-dspark
 
     def __post_init__(self) -> None:
         # Fail at configuration time with a readable message rather than when
@@ -41,10 +42,16 @@ class DraftSpec:
             raise ValueError(f"n_min ({self.n_min}) must not exceed n_max ({self.n_max})")
         if self.p_min is not None and not 0.0 <= self.p_min <= 1.0:
             raise ValueError(f"p_min must be within [0, 1], got {self.p_min}")
-        if self.spec_type == "draft-simple" and not self.draft_model:
-            raise ValueError("spec_type draft-simple needs draft_model (-md DRAFT.gguf)")
-        if self.spec_type != "draft-simple" and self.draft_model is not None:
-            raise ValueError(f"draft_model is only used by draft-simple, not {self.spec_type}")
+        with_draft = draft_model_types(self.spec_type)
+        if with_draft and not self.draft_model:
+            raise ValueError(
+                f"spec_type {with_draft[0]} needs draft_model (-md DRAFT.gguf): without one "
+                "llama-server serves and never drafts"
+            )
+        if not with_draft and self.draft_model is not None:
+            raise ValueError(
+                f"draft_model is only used by {', '.join(DRAFT_MODEL_TYPES)}, not {self.spec_type}"
+            )
 
     @property
     def is_off(self) -> bool:

@@ -1,7 +1,9 @@
 """`mtp-proxy check-config`: validate a configuration as the service will run it, and say
 what it will do. Exit status 2 lists every problem: invalid settings, a missing or unusable
 binary, a model file that does not exist or cannot be read, a GGUF without the MTP layers its
-profiles draft with, a state file the service's user cannot write.
+profiles draft with, a speculative type the configured llama-server does not know (its
+``--help``), a draft model missing or of the wrong kind for its type or of another vocabulary
+than the model's, a state file the service's user cannot write.
 
 When the installed systemd unit runs this very file, its Environment= lines apply as they will
 in the service (they beat the file); every setting the environment overrides is printed with
@@ -27,6 +29,7 @@ from proxy.config.overrides import (
 )
 from proxy.config.settings import ConfigError, ModelSettings, Settings, load_settings
 from proxy.lifecycle.learned_file import state_file_problem
+from proxy.plans.known_types import known_type_problems
 from proxy.plans.model_files import model_file_problems
 from proxy.plans.plan import (
     ModelPlan,
@@ -48,6 +51,10 @@ def check_config(path: Path, unit: Path | None = None) -> int:
     variables = apply_service_environment(path, unit)
     settings = load_or_exit(path)
     problems, warnings = model_file_problems(settings)
+    unknown_types, help_warnings = known_type_problems(settings)
+    problems += unknown_types
+    for warning in help_warnings:  # now: they say what the types were checked against
+        print(f"warning: {warning}", file=sys.stderr)
     user = unit_user(service_unit(path, unit))  # the state file as the service will keep it
     if (problem := state_file_problem(settings.routing.state_file, user)) is not None:
         problems.append(problem)

@@ -69,7 +69,10 @@ class ProfileSettings(BaseModel):
     spec_type: str | None = Field(
         default=None,
         description="llama-server's --spec-type for this profile; unset or none: no drafting "
-        "(depth 0). For example draft-mtp, draft-simple, ngram-mod.",
+        "(depth 0). draft-mtp (the model's MTP layers), draft-simple, draft-eagle3, "
+        "draft-dflash, draft-dspark (a draft model), ngram-simple, ngram-map-k, ngram-map-k4v, "
+        "ngram-mod, ngram-cache (text seen earlier); check-config refuses a type the "
+        "configured llama-server does not list.",
     )
     draft_n_max: int | None = Field(
         default=None,
@@ -94,7 +97,9 @@ class ProfileSettings(BaseModel):
     )
     draft_model: str | None = Field(
         default=None,
-        description="The draft model's GGUF (-md), for spec_type draft-simple only.",
+        description="The draft model's GGUF (-md), for the spec types that draft with one. "
+        "draft-simple: a smaller model of the same vocabulary; draft-eagle3: an EAGLE3 draft; "
+        "draft-dflash, draft-dspark: a DFlash draft. check-config reads it to make sure.",
     )
     args: list[str] = Field(
         default=[],

@@ -20,7 +20,7 @@ import mmap
 import os
 import stat
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -105,18 +105,22 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class GgufMetadata:
-    """A GGUF's metadata (arrays, the vocabulary among them, as None: never needed here), its
-    tensors' infos and where their data begins."""
+    """A GGUF's metadata, its tensors' infos and where their data begins. An array is None in
+    ``fields`` unless it was asked for (``kept``): its items are then in ``arrays`` (strings as
+    bytes); every array's length is in ``array_lengths``."""
 
     version: int
     fields: dict[str, object]
     tensors: list[TensorInfo]
     data_offset: int
+    arrays: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    array_lengths: dict[str, int] = field(default_factory=dict)
 
 
-def read_metadata(path: Path) -> GgufMetadata:
+def read_metadata(path: Path, kept: frozenset[str] = frozenset()) -> GgufMetadata:
     """The header, metadata and tensor infos of ``path``, every count bounded by the file's
-    size; GgufError: not readable, not a GGUF, or truncated (the tensor data included)."""
+    size, and the items of the arrays named in ``kept`` (a vocabulary's tokens: bounded the same
+    way); GgufError: not readable, not a GGUF, or truncated (the tensor data included)."""
     try:
         with path.open("rb") as handle:
             info = os.fstat(handle.fileno())
@@ -125,7 +129,7 @@ def read_metadata(path: Path) -> GgufMetadata:
             if info.st_size < _HEADER.size:
                 raise _Short("the header", _HEADER.size - info.st_size)
             with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                metadata = _Reader(data, info.st_size).metadata()
+                metadata = _Reader(data, info.st_size, kept).metadata()
     except OSError as exc:
         raise GgufError(f"cannot read {path}: {exc.strerror or exc}") from None
     except _NotGguf as exc:
@@ -164,8 +168,10 @@ class _Reader:
     """The header, metadata and tensor infos from a memory map, each length and count checked
     against the bytes left before it is used."""
 
-    def __init__(self, data: mmap.mmap, size: int) -> None:
-        self.data, self.size, self.at = data, size, 0
+    def __init__(self, data: mmap.mmap, size: int, kept: frozenset[str] = frozenset()) -> None:
+        self.data, self.size, self.at, self.kept = data, size, 0, kept
+        self.arrays: dict[str, tuple[object, ...]] = {}
+        self.lengths: dict[str, int] = {}
 
     def metadata(self) -> GgufMetadata:
         magic, version, n_tensors, n_fields = _HEADER.unpack_from(self.data, 0)
@@ -185,7 +191,7 @@ class _Reader:
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
             raise _NotGguf(f"general.alignment {alignment!r} is not a power of two")
         data_offset = -(-self.at // alignment) * alignment
-        return GgufMetadata(version, fields, tensors, data_offset)
+        return GgufMetadata(version, fields, tensors, data_offset, self.arrays, self.lengths)
 
     def fits(self, count: int, least: int, what: str) -> None:
         """``count`` items of at least ``least`` bytes each must fit in the bytes left."""
@@ -214,7 +220,7 @@ class _Reader:
         return self.data[start : start + length]
 
     def value(self, kind: int, key: str, depth: int) -> object:
-        """A value of type ``kind``; an array is stepped over (None)."""
+        """A value of type ``kind``; an array is stepped over (None), or kept when asked for."""
         if kind in _SCALARS:
             return self.unpack(_SCALARS[kind], key)
         if kind == _STRING:
@@ -222,11 +228,20 @@ class _Reader:
         if kind != _ARRAY:
             raise _NotGguf(f"{key} has the unknown value type {kind}")
         item, count = self.unpack("<I", key), self.unpack("<Q", key)
+        keep = depth == 0 and key in self.kept
+        if depth == 0:
+            self.lengths[key] = count
         if item in _SCALARS:
-            self.take(count * struct.calcsize(_SCALARS[item]), f"the array {key}")
+            fmt = _SCALARS[item]
+            start = self.take(count * struct.calcsize(fmt), f"the array {key}")
+            if keep:
+                self.arrays[key] = struct.unpack_from(f"<{count}{fmt[1]}", self.data, start)
         elif item == _STRING:
             self.fits(count, 8, f"strings in {key}")
-            self.skip_strings(count, key)
+            if keep:
+                self.arrays[key] = tuple(self.string(f"a string in {key}") for _ in range(count))
+            else:
+                self.skip_strings(count, key)
         elif item == _ARRAY and depth < _MAX_NESTING:
             self.fits(count, 12, f"arrays in {key}")
             for _ in range(count):
@@ -276,3 +291,43 @@ def _check_tensor_data(path: Path, metadata: GgufMetadata, size: int) -> None:
             f"{path}: truncated GGUF (download incomplete?): its tensor data ends at byte "
             f"{end}, the file at {size}"
         )
+
+
+TOKENS = "tokenizer.ggml.tokens"
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What llama.cpp compares of a target's and a draft's vocabularies before it drafts."""
+
+    model: str | None  # tokenizer.ggml.model: llama (SPM), gpt2 (BPE), ...
+    add_bos: bool | None  # tokenizer.ggml.add_bos_token; None: absent
+    add_eos: bool | None
+    bos: int | None  # tokenizer.ggml.bos_token_id
+    eos: int | None
+    tokens: tuple[bytes, ...]  # each token's text, by id
+
+
+def read_vocabulary(path: Path) -> Vocabulary:
+    """The vocabulary of a GGUF, read bounded (a 262k-token one in well under a second)."""
+    metadata = read_metadata(path, frozenset({TOKENS}))
+    fields = metadata.fields
+
+    def flag(key: str) -> bool | None:
+        value = fields.get(f"tokenizer.ggml.{key}")
+        return value if isinstance(value, bool) else None
+
+    def token_id(key: str) -> int | None:
+        value = fields.get(f"tokenizer.ggml.{key}")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    model = fields.get("tokenizer.ggml.model")
+    tokens = metadata.arrays.get(TOKENS, ())
+    return Vocabulary(
+        model=model if isinstance(model, str) else None,
+        add_bos=flag("add_bos_token"),
+        add_eos=flag("add_eos_token"),
+        bos=token_id("bos_token_id"),
+        eos=token_id("eos_token_id"),
+        tokens=tuple(t for t in tokens if isinstance(t, bytes)),
+    )

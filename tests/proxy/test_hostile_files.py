@@ -227,3 +227,34 @@ def test_a_hostile_or_truncated_gguf_is_refused_at_once(
     refused(done, message)
     assert str(model) in done.stderr
     assert not (tmp_path / "init.toml").exists()
+
+
+@pytest.mark.parametrize("case", sorted(GGUFS))
+@pytest.mark.parametrize("command", ["init", "check-config"])
+def test_a_hostile_or_truncated_draft_model_is_refused_at_once(
+    tmp_path: Path, case: str, command: str
+) -> None:
+    # A draft model's vocabulary is read whole (its tokens compared with the model's): the
+    # same bounds hold for the arrays kept as for those stepped over.
+    make, message = GGUFS[case]
+    draft = make(tmp_path)
+    target = write_llama(tmp_path / "target.gguf", LlamaConfig())
+    if command == "init":
+        argv = ["init", str(target), "--draft-model", str(draft), "--out", str(tmp_path / "i.toml")]
+    else:
+        llama = {"name": "m", "binary": "/bin/true", "model_path": str(target)}
+        profile = {"name": "d", "spec_type": "draft-simple", "draft_model": str(draft)}
+        path = tmp_path / "config.toml"
+        path.write_text(tomli_w.dumps({"models": [{**llama, "profiles": [profile]}]}))
+        argv = ["check-config", str(path)]
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=GGUF_SECONDS,
+        preexec_fn=limited,
+    )
+    refused(done, message)
+    assert str(draft) in done.stderr
+    assert not (tmp_path / "i.toml").exists()

@@ -12,7 +12,7 @@ import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from proxy.config.settings import Settings
-from proxy.plans.gguf import GgufError, read_gguf, read_metadata
+from proxy.plans.gguf import TOKENS, GgufError, read_gguf, read_metadata, read_vocabulary
 from proxy.plans.model_files import model_file_problems
 from tests.support.tinygguf import LlamaConfig, Mtp, Qwen35Config, write_llama, write_qwen35
 
@@ -62,6 +62,32 @@ def test_the_reader_sees_what_the_package_reader_sees(files: dict[str, Path]) ->
             (t.name, tuple(int(n) for n in t.shape)) for t in full.tensors
         ]
         assert mine.data_offset == full.data_offset
+
+
+def test_the_arrays_asked_for_are_the_package_readers(files: dict[str, Path]) -> None:
+    # What a draft model's vocabulary is compared on: each token's text, the token types, and
+    # every array's length, as the package's reader reads them.
+    kept = frozenset({TOKENS, "tokenizer.ggml.token_type"})
+    for path in files.values():
+        mine, full = read_metadata(path, kept), GGUFReader(path)
+        tokens, types = full.fields[TOKENS], full.fields["tokenizer.ggml.token_type"]
+        assert mine.arrays[TOKENS] == tuple(bytes(tokens.parts[i]) for i in tokens.data)
+        assert len(mine.arrays[TOKENS]) > 300
+        assert mine.arrays["tokenizer.ggml.token_type"] == tuple(
+            int(types.parts[i][0]) for i in types.data
+        )
+        assert mine.array_lengths == {
+            key: len(field.data)
+            for key, field in full.fields.items()
+            if field.types[0] == GGUFValueType.ARRAY
+        }
+        vocabulary = read_vocabulary(path)
+        assert vocabulary.tokens == mine.arrays[TOKENS]
+        assert (vocabulary.model, vocabulary.add_bos, vocabulary.add_eos) == ("gpt2", False, None)
+        assert (vocabulary.bos, vocabulary.eos) == (
+            full.fields["tokenizer.ggml.bos_token_id"].contents(),
+            full.fields["tokenizer.ggml.eos_token_id"].contents(),
+        )
 
 
 def test_a_file_that_is_no_gguf_is_an_error_that_says_so(tmp_path: Path) -> None:

