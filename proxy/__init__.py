@@ -108,11 +108,12 @@ Setting up a box (``mtp-proxy check-config`` and ``mtp-proxy init``):
   model's vocabulary.
 - ``plans.known_types``: the speculative types the configured llama-server lists in its --help.
 - ``cli.init_config``: ``init``: a commented single-GPU configuration for one GGUF.
+- ``cli.init_drafting``: which speculative type and depths init writes, and why.
 - ``cli.builds``: the llama-server builds on this box, the patched one first.
 
 ``mtp-proxy tune``, measuring draft settings on this machine:
 - ``tune.command``: the command line, and the run from start to end in either way.
-- ``tune.plan.grid``: candidate draft settings: the default grid and the user's syntax.
+- ``tune.plan.grid``: candidate draft settings: each type's default grid and the user's syntax.
 - ``tune.run.service``: the running service: what it runs, its load, whether it runs.
 - ``tune.run.guard``: refuses a second copy of the weights on the GPU the service uses.
 - ``tune.plan.context``: the server's real context per slot and its tokenizer, read first.

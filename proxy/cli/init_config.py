@@ -1,10 +1,11 @@
 """`mtp-proxy init MODEL.gguf`: a commented single-GPU configuration for one GGUF, which
 `check-config` accepts as written.
 
-From the GGUF (proxy.plans.gguf): its MTP layers (refused without: nothing to draft with), its
-trained context and KV shape. From the box: the llama-server build (proxy.cli.builds) and the GPU
-memory (nvidia-smi, or --gpu-memory). The context is the trained one, capped to what fits by the
-estimate check-config uses (supervisor.memory): the two never disagree on the same numbers.
+From the GGUF (proxy.plans.gguf): what drafts (proxy.cli.init_drafting: its MTP layers, else
+the n-gram type ngram-mod, or a draft model given with --draft-model), its trained context and KV
+shape. From the box: the llama-server build (proxy.cli.builds) and the GPU memory (nvidia-smi,
+or --gpu-memory). The context is the trained one, capped to what fits by the estimate
+check-config uses (supervisor.memory): the two never disagree on the same numbers.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from proxy.cli.builds import Build, find_builds
+from proxy.cli.init_drafting import Drafting, DraftingError, choose_drafting
 from proxy.plans.gguf import GgufError, GgufFacts, read_gguf
-from proxy.plans.model_files import no_mtp_advice
 from proxy.plans.preflight import gib, model_file_size
 from supervisor.memory import DRAFT_HEADROOM_BYTES, GIB, estimate_vram_bytes, query_free_gpu_bytes
+from supervisor.spec_types import MTP, SPEC_TYPES
 
 STATE_FILE = "/var/lib/mtp-proxy/learned-stats.json"  # the unit's StateDirectory
-DEPTHS = {"off": 0, "min": 2, "max": 3}  # the profiles' draft depths (README's table)
 _CTX_STEP = 1024
 _MIN_CTX = 4096
 
@@ -51,7 +52,14 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    init.add_argument("model", type=Path, help="the GGUF file (with MTP layers)")
+    init.add_argument("model", type=Path, help="the GGUF file")
+    init.add_argument(
+        "--draft-model",
+        type=Path,
+        metavar="DRAFT.gguf",
+        help="draft with this smaller model of the same vocabulary (draft-simple); default: "
+        "the GGUF's MTP layers, else the n-gram type ngram-mod",
+    )
     init.add_argument("--out", type=Path, help="write the config here (default: stdout)")
     init.add_argument(
         "--gpu-memory",
@@ -90,18 +98,15 @@ def build_config(args: argparse.Namespace) -> tuple[str, list[str]]:
     model = Path(args.model).expanduser().absolute()
     try:
         facts = read_gguf(model)
-    except GgufError as exc:
+        drafting = choose_drafting(facts, model, args.draft_model)
+    except (GgufError, DraftingError) as exc:
         raise InitError(str(exc)) from None
-    if not facts.has_mtp:
-        raise InitError(
-            f"refused: {model}: {no_mtp_advice(facts.architecture)}. (init writes a config "
-            "for MTP drafting; to serve this file without it, write one profile, off, by hand: "
-            "config.toml shows every key)"
-        )
     size = model_file_size(str(model)) or 0
+    draft = drafting.draft_model
+    weights = size + ((model_file_size(str(draft)) or 0) if draft is not None else 0)
     build = _build(args.binary)
     gpu = _gpu_bytes(args.gpu_memory)
-    context = choose_context(facts, size, gpu)
+    context = choose_context(facts, weights, gpu, deepest=drafting.depths[1])
     name = model_name(facts, model)
     text = render(
         name=name,
@@ -111,10 +116,12 @@ def build_config(args: argparse.Namespace) -> tuple[str, list[str]]:
         context=context,
         admin_key=secrets.token_hex(24),  # hex: no leading "-" to trip --admin-key KEY
         state_file=args.state_file,
+        drafting=drafting,
     )
     notes = [
         f"model {name}: {facts.architecture}, trained context {facts.context_length}, "
         f"{facts.mtp_layers} MTP layer(s), {gib(size)}",
+        drafting.note(),
         f"llama-server: {build.path} ({_build_words(build).replace(chr(10) + '# ', ' ')})",
         f"-c {context.tokens}: {context.why}",
         "next: mtp-proxy check-config --config FILE, then (as a service) "
@@ -128,9 +135,15 @@ def build_config(args: argparse.Namespace) -> tuple[str, list[str]]:
     return text, notes
 
 
-def choose_context(facts: GgufFacts, file_bytes: int, gpu_bytes: int | None) -> Context:
+def choose_context(
+    facts: GgufFacts,
+    file_bytes: int,
+    gpu_bytes: int | None,
+    *,
+    deepest: int = SPEC_TYPES[MTP].depths[1],
+) -> Context:
     """The trained context, capped to the largest multiple of 1024 tokens whose estimate (at
-    the deepest profile's depth) plus the draft headroom fits `gpu_bytes`."""
+    the deepest profile's depth, ``deepest``) plus the draft headroom fits `gpu_bytes`."""
     trained = facts.context_length or _MIN_CTX
     if gpu_bytes is None:
         return Context(
@@ -147,7 +160,7 @@ def choose_context(facts: GgufFacts, file_bytes: int, gpu_bytes: int | None) -> 
                 n_layers=facts.kv_layers(),
                 n_embd=facts.embedding_length,
                 n_embd_kv=facts.kv_width(),
-                draft_n_max=max(DEPTHS.values()),
+                draft_n_max=deepest,
             )
             + DRAFT_HEADROOM_BYTES
         )
@@ -192,9 +205,8 @@ def render(
     context: Context,
     admin_key: str,
     state_file: str,
+    drafting: Drafting,
 ) -> str:
-    args = ["-c", str(context.tokens), "-ngl", "99", "-fa", "on", "-np", "1"]
-    args_text = ", ".join(f'"{arg}"' for arg in args)
     title = f' "{facts.name}"' if facts.name else ""
     return f"""\
 # mtp-proxy configuration written by `mtp-proxy init` for one GGUF on one GPU.
@@ -217,6 +229,18 @@ level = "info"
 # The learned statistics survive restarts in this file (the systemd unit's state directory).
 state_file = "{state_file}"
 
+{_model_text(name, model, build, context, drafting)}
+{_profiles_text(drafting)}
+# Any model name a client sends (Claude Code's claude-*, Codex's gpt-*) goes to this model.
+[model_names]
+default = "{name}"
+"""
+
+
+def _model_text(name: str, model: Path, build: Build, context: Context, drafting: Drafting) -> str:
+    args = ["-c", str(context.tokens), "-ngl", "99", "-fa", "on", "-np", "1"]
+    args_text = ", ".join(f'"{arg}"' for arg in [*args, *drafting.model_args])
+    return f"""\
 [[models]]
 name = "{name}"
 backend = "llama-server"
@@ -225,31 +249,40 @@ backend = "llama-server"
 binary = "{build.path}"
 model_path = "{model}"
 # -c {context.tokens}: {_wrapped(context.why)}.
-# -ngl 99: every layer on the GPU; -fa on: flash attention; -np 1: one request at a time (MTP
-# gains alone and loses with several requests decoding at once). Agents coming back to long
-# contexts: add "--cache-ram", "32768" to keep more saved prompt states in host memory.
+# -ngl 99: every layer on the GPU; -fa on: flash attention; -np 1: one request at a time
+# (speculative decoding gains most alone, less with several requests decoding at once). Agents
+# coming back to long contexts: add "--cache-ram", "32768" to keep more saved prompt states in
+# host memory.
 args = [{args_text}]
 # auto: profiles as per-request depths on one process when the build honours them (the
 # patched one); otherwise a fallback that check-config and the log describe.
 draft_control = "auto"
+"""
 
+
+def _profiles_text(drafting: Drafting) -> str:
+    """The three profiles, under the comment that says why this type and these depths."""
+    low, high = drafting.depths
+    why = "\n".join(f"# {_wrapped(line)}" for line in drafting.why)
+    draft = "" if drafting.draft_model is None else f'draft_model = "{drafting.draft_model}"\n'
+    kind = f'spec_type = "{drafting.spec.name}"\n{draft}'
+    return f"""\
 # The profiles: the draft depth each request may get (the proxy learns which is fastest).
+# Speculative type:
+{why}
+# To change the depths: draft_n_max of min and max (max is the one process's start-up depth);
+# `mtp-proxy tune` measures which pays on your traffic. To change the type: spec_type of both
+# (docs/configuration.md lists every type), then mtp-proxy check-config.
 [[models.profiles]]
 name = "off"
 
 [[models.profiles]]
 name = "min"
-spec_type = "draft-mtp"
-draft_n_max = {DEPTHS["min"]}
+{kind}draft_n_max = {low}
 
 [[models.profiles]]
 name = "max"
-spec_type = "draft-mtp"
-draft_n_max = {DEPTHS["max"]}
-
-# Any model name a client sends (Claude Code's claude-*, Codex's gpt-*) goes to this model.
-[model_names]
-default = "{name}"
+{kind}draft_n_max = {high}
 """
 
 

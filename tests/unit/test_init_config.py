@@ -22,7 +22,7 @@ from proxy.cli.init_config import (
 from proxy.config.settings import Settings
 from proxy.plans.gguf import GgufFacts
 from supervisor.memory import DRAFT_HEADROOM_BYTES, GIB, estimate_vram_bytes
-from tests.support.tinygguf import Mtp, Qwen35Config, write_qwen35
+from tests.support.tinygguf import LlamaConfig, Mtp, Qwen35Config, write_llama, write_qwen35
 
 # Qwen3.6 27B's shape (64 layers + 1 MTP, full attention every 4th, 4 KV heads x 256).
 QWEN36_27B = GgufFacts(
@@ -136,6 +136,7 @@ def test_the_model_name_is_the_files() -> None:
 
 def init_args(model: Path, **kw: object) -> argparse.Namespace:
     fields = {"model": model, "binary": None, "gpu_memory": 24.0, "state_file": STATE_FILE}
+    fields["draft_model"] = None
     return argparse.Namespace(**(fields | kw))
 
 
@@ -171,13 +172,47 @@ def test_the_config_has_everything_and_validates(tmp_path: Path) -> None:
     )
 
 
-def test_a_gguf_without_mtp_layers_is_refused_with_what_to_download(tmp_path: Path) -> None:
+def test_a_gguf_without_mtp_layers_drafts_with_ngram_mod_deep(tmp_path: Path) -> None:
     model = write_qwen35(tmp_path / "stripped.gguf", Qwen35Config(mtp=Mtp.NONE))
+    text, notes = build_config(init_args(model, binary="/bin/true"))
+    (m,) = Settings(**tomllib.loads(text)).models
+    assert [(p.name, p.spec_type, p.draft_n_max) for p in m.profiles] == [
+        ("off", None, None),
+        ("min", "ngram-mod", 8),
+        ("max", "ngram-mod", 16),
+    ]
+    # ngram-mod drafts runs of 1 to 16 tokens (its default n_min of 48 drafts almost nothing).
+    assert m.args[-4:] == ["--spec-ngram-mod-n-min", "1", "--spec-ngram-mod-n-max", "16"]
+    assert m.start_depth() == 16
+    # The file says why this type, why these depths, and how to change them.
+    said = text.replace("\n# ", " ")
+    assert "ngram-mod: this GGUF has no MTP layers (qwen35.nextn_predict_layers is absent)" in said
+    assert "shallow depths lose and the profiles run deep: min 8, max 16" in said
+    assert "To change the depths: draft_n_max of min and max" in said
+    assert "drafting: ngram-mod, profiles off / 8 / 16" in notes
+
+
+def test_a_draft_model_of_the_same_vocabulary_drafts_with_draft_simple(tmp_path: Path) -> None:
+    model = write_llama(tmp_path / "target.gguf", LlamaConfig())
+    draft = write_llama(tmp_path / "draft.gguf", LlamaConfig(seed=1, n_layer=1))
+    text, notes = build_config(init_args(model, binary="/bin/true", draft_model=draft))
+    (m,) = Settings(**tomllib.loads(text)).models
+    assert [(p.spec_type, p.draft_model, p.draft_n_max) for p in m.profiles] == [
+        (None, None, None),
+        ("draft-simple", str(draft), 8),
+        ("draft-simple", str(draft), 16),
+    ]
+    assert f"drafting: draft-simple (draft model {draft}), profiles off / 8 / 16" in notes
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused(tmp_path: Path) -> None:
+    model = write_llama(tmp_path / "target.gguf", LlamaConfig())
+    other = write_llama(tmp_path / "other.gguf", LlamaConfig(n_merges=32))  # other merges
     with pytest.raises(InitError) as refused:
-        build_config(init_args(model, binary="/bin/true"))
+        build_config(init_args(model, binary="/bin/true", draft_model=other))
     message = str(refused.value)
-    assert message.startswith(f"refused: {model}: it has no MTP layers")
-    assert "Download a GGUF that keeps them" in message and "qwen35" in message
+    assert message.startswith(f"refused: --draft-model {other} does not share the vocabulary")
+    assert "token 288 " in message and "serve without speculation" in message
 
 
 def test_no_llama_server_anywhere_is_refused_with_the_ways_to_get_one(
@@ -196,4 +231,4 @@ def test_a_stock_build_is_said_to_be_one(tmp_path: Path, monkeypatch: pytest.Mon
     stock = Build(executable(tmp_path / "llama-server"), patched=False, where="PATH")
     monkeypatch.setattr("proxy.cli.init_config.find_builds", lambda: [stock])
     text, notes = build_config(init_args(model))
-    assert "not known to be patched" in text and "not known to be patched" in notes[1]
+    assert "not known to be patched" in text and "not known to be patched" in notes[2]

@@ -37,6 +37,20 @@ def test_default_grid() -> None:
     }  # fmt: skip
 
 
+def test_the_default_grid_is_as_deep_as_the_type() -> None:
+    # n-gram types and draft models: a verify step is dear, their gain moves with the depth's
+    # order (docs/benchmarks.md): off and doublings up to 16; ngram-cache drafts at most 8.
+    for spec_type in ("ngram-mod", "ngram-simple", "draft-simple", "draft-eagle3"):
+        grid = default_grid(spec_type)
+        assert [s.n_max for s in grid] == [None, 2, 4, 8, 16], spec_type
+        assert {s.spec_type for s in grid if not s.is_off} == {spec_type}
+    assert [s.n_max for s in default_grid("ngram-cache")] == [None, 2, 4, 8]
+    # MTP, and what the table does not know (a list of types, a newer type): MTP's shallow grid.
+    for spec_type in ("draft-mtp", "ngram-mod,draft-mtp", "draft-future"):
+        assert max(s.n_max or 0 for s in default_grid(spec_type)) == 4, spec_type
+        assert len(default_grid(spec_type)) == 16
+
+
 def test_built_in_workload_has_one_length_per_bucket_that_fits() -> None:
     buckets = RoutingSettings().context_buckets
     assert context_targets(100_000, buckets, 512) == [2048, 8192, 23170, 46340, 81920]

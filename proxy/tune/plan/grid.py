@@ -1,4 +1,4 @@
-"""Candidate draft settings: the default grid and the user's grid syntax.
+"""Candidate draft settings: the default grid of each speculative type and the user's grid syntax.
 
 A setting is what one ``[[models.profiles]]`` entry says about speculation: ``spec_type``,
 ``draft_n_max``, ``draft_n_min``, ``draft_p_min`` (None = llama-server's default), or "off".
@@ -13,8 +13,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-DEFAULT_SPEC_TYPE = "draft-mtp"
+from supervisor.spec_types import MTP, SPEC_TYPES, type_names
+
+DEFAULT_SPEC_TYPE = MTP
 MAX_N_MAX = 16
+_SHALLOWEST = SPEC_TYPES[MTP].deepest  # a type measured like MTP: every depth up to 4
 _ITEM = re.compile(r"^(?P<n_max>\d+)(?:/(?P<n_min>\d+))?(?:@(?P<p_min>\d*\.?\d+))?$")
 
 
@@ -82,13 +85,30 @@ OFF = DraftSetting()
 
 
 def default_grid(spec_type: str = DEFAULT_SPEC_TYPE) -> list[DraftSetting]:
-    """off; n_max 1-4 with n_min 0-2 (n_min <= n_max); p_min 0.5 and 0.9 where it matters.
+    """The settings worth measuring for a speculative type, as deep as its table row says
+    (supervisor.spec_types): shallow for MTP, deep for a draft model or an n-gram type."""
+    names = type_names(spec_type)
+    spec = SPEC_TYPES.get(names[0]) if len(names) == 1 else None
+    if spec is None or spec.deepest <= _SHALLOWEST:
+        return _shallow_grid(spec_type, spec.deepest if spec is not None else _SHALLOWEST)
+    depths = sorted({*_doublings(spec.deepest), *spec.depths})
+    return [OFF, *(DraftSetting(n, spec_type=spec_type) for n in depths)]
+
+
+def _doublings(deepest: int) -> list[int]:
+    """2, 4, 8 ... up to ``deepest``: a deep type's gain moves with the depth's order."""
+    return [1 << k for k in range(1, deepest.bit_length()) if 1 << k <= deepest]
+
+
+def _shallow_grid(spec_type: str, deepest: int) -> list[DraftSetting]:
+    """off; n_max 1 to ``deepest`` with n_min 0-2 (n_min <= n_max); p_min 0.5 and 0.9 where it
+    matters.
 
     p_min only gates drafts past the n_min forced ones, and matters most with n_min 0, where
     it decides whether a step drafts at all; so it is varied there, at n_max 2 and 3.
     """
     grid = [OFF]
-    for n_max in range(1, 5):
+    for n_max in range(1, deepest + 1):
         grid.append(DraftSetting(n_max, spec_type=spec_type))
         for n_min in range(1, min(2, n_max) + 1):
             grid.append(DraftSetting(n_max, n_min, spec_type=spec_type))
