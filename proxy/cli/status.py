@@ -2,9 +2,10 @@
 of a running proxy, as tables; `--watch` redraws them every few seconds.
 
 For the box without Grafana: it reads the admin endpoints (/admin/backends, /admin/depths,
-/admin/routing) of a running proxy and prints what an operator asks first: is every backend up,
-which depth does each process run and why, where does the traffic go and why, and what has the
-proxy learned about each profile. The live page (/ui/) shows the same, and the requests.
+/admin/routing) of a running proxy and prints what an operator asks first: is every backend up
+and what does it draft with (its speculative type), which depth does each process run and why,
+where does the traffic go and why, and what has the proxy learned about each profile. The live
+page (/ui/) shows the same, and the requests.
 """
 
 from __future__ import annotations
@@ -125,8 +126,8 @@ def render_status(
 
 
 _BACKEND_COLUMNS = (
-    "backend", "profile", "state", "draft control", "late system", "pid", "restarts",
-    "in-flight", "uptime", "last error",
+    "backend", "profile", "spec type", "state", "draft control", "late system", "pid",
+    "restarts", "in-flight", "uptime", "last error",
 )  # fmt: skip
 
 
@@ -137,6 +138,7 @@ def _backends_table(backends: list[dict[str, Any]]) -> str:
             [
                 b.get("name"),
                 b.get("profile"),
+                _spec_type(b.get("spec_type"), b.get("draft_model")),
                 b.get("state"),
                 b.get("draft_control"),
                 _late_system(b.get("chat_template")),
@@ -303,6 +305,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     if not rows:
         lines.append("(none yet)")
     return "\n".join(lines)
+
+
+def _spec_type(spec_type: object, draft_model: object) -> str | None:
+    """The backend's speculative type, and its draft model's file where it drafts with one."""
+    if not isinstance(spec_type, str):
+        return None
+    return spec_type + (f" ({draft_model})" if isinstance(draft_model, str) else "")
 
 
 def _late_system(check: object) -> object:

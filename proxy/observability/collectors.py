@@ -10,9 +10,10 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, get_args
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from proxy.plans.speculation import backend_speculation
 from proxy.routing.now import busy_epochs
 from supervisor.draft_probe import DraftControl
 from supervisor.states import BackendState
@@ -25,13 +26,15 @@ if TYPE_CHECKING:
 
 
 class BackendsCollector(Collector):
-    """Each backend's state and load, auto's draft control, the queues and what was learned."""
+    """Each backend's state, load and speculative type, auto's draft control, the queues and
+    what was learned."""
 
     def __init__(self, state: ProxyState) -> None:
         self._state = state
 
     def collect(self) -> Iterator[Metric]:
         yield from self._backend_metrics()
+        yield self._speculation_metric()
         yield self._draft_control_metric()
         yield self._busy_depth_metric()
         yield self._late_system_metric()
@@ -86,6 +89,27 @@ class BackendsCollector(Collector):
             crash_loops.add_metric(values, getattr(process, "crash_loops", 0))
             health_failures.add_metric(values, getattr(process, "health_failures", 0))
         yield from (in_flight, state, ready, slots, restarts, crash_loops, health_failures)
+
+    def _speculation_metric(self) -> Metric:
+        family = InfoMetricFamily(
+            "mtp_proxy_backend_speculation",
+            "What each backend drafts with: its speculative type (llama-server's --spec-type: "
+            "draft-mtp, draft-simple, ngram-mod, ...; none when it does not draft) and its draft "
+            "model's file name (empty without one).",
+            labels=["backend", "model", "profile"],
+        )
+        drafting = backend_speculation(self._state.settings, self._state.plans)
+        for backend in self._state.backends.all():
+            speculation = drafting.get(backend.name)
+            if speculation is not None:
+                family.add_metric(
+                    [backend.name, backend.model, backend.profile],
+                    {
+                        "spec_type": speculation.spec_type,
+                        "draft_model": speculation.draft_file or "",
+                    },
+                )
+        return family
 
     def _draft_control_metric(self) -> Metric:
         family = GaugeMetricFamily(

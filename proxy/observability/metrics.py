@@ -79,7 +79,8 @@ class ProxyMetrics:
         )
         self.draft_tokens = Counter(
             p + "draft_tokens",
-            "Tokens drafted by the backends' MTP heads.",
+            "Tokens the backends drafted with their speculative type (MTP heads, a draft model, "
+            "n-gram lookups: mtp_proxy_backend_speculation_info says which).",
             ["model", "profile", "request_class"],
             registry=registry,
         )

@@ -1,6 +1,6 @@
-"""Admin endpoints: backends (state, restarts, ...), restarting one, the learned routing table,
-what the service runs (for `mtp-proxy tune --url`), and the live page's reads: the depth each
-process runs now, recent requests, the depth chart.
+"""Admin endpoints: backends (state, speculative type, restarts, ...), restarting one, the
+learned routing table, what the service runs (for `mtp-proxy tune --url`), and the live page's
+reads: the depth each process runs now, recent requests, the depth chart.
 
 Disabled (404) unless an admin key is configured; then every call must present it. Every
 answer is strict JSON (``strict_json``): a number gone NaN or infinite is null.
@@ -18,6 +18,7 @@ from aiohttp import web
 
 from proxy.config.settings import ModelSettings
 from proxy.plans.plan import ModelPlan, processes
+from proxy.plans.speculation import SPECULATION_KEYS, backend_speculation
 from proxy.serving import live
 from proxy.serving.errors import error_response
 from proxy.serving.expect import expect_handler
@@ -79,9 +80,12 @@ async def backends(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     rows = []
     supervised = {b.spec.name: b for b in state.supervisor.backends} if state.supervisor else {}
+    drafting = backend_speculation(state.settings, state.plans)
     for backend in state.backends.all():
         row = supervised[backend.name].snapshot() if backend.name in supervised else {}
         row.update(name=backend.name, model=backend.model, profile=backend.profile)
+        speculation = drafting.get(backend.name)  # None: a backend of no plan (being replaced)
+        row.update(speculation.as_json() if speculation else dict.fromkeys(SPECULATION_KEYS))
         row.update(in_flight=backend.in_flight, slots=backend.slots)
         row.update(queued=state.admission.queued(backend.model))  # the model's, waiting
         rows.append(row)

@@ -64,6 +64,11 @@ FAMILIES = {
     "mtp_proxy_backend_restarts": ("counter", {"backend", "model", "profile"}),
     "mtp_proxy_backend_crash_loops": ("counter", {"backend", "model", "profile"}),
     "mtp_proxy_backend_health_check_failures": ("counter", {"backend", "model", "profile"}),
+    # An info family: Prometheus' text format shows it as a gauge of 1 named *_info.
+    "mtp_proxy_backend_speculation_info": (
+        "gauge",
+        {"backend", "model", "profile", "spec_type", "draft_model"},
+    ),
     "mtp_proxy_learned_decode_tokens_per_second": ("gauge", {"model", "request_class", "profile"}),
     "mtp_proxy_learned_acceptance_ratio": ("gauge", {"model", "request_class", "profile"}),
     "mtp_proxy_learned_samples": ("gauge", {"model", "request_class", "profile"}),
@@ -298,6 +303,24 @@ def test_backend_series(run: Run) -> None:
     assert s.series("mtp_proxy_queued_requests") == {frozenset({("model", MODEL)}): 0}
 
 
+def test_each_backend_says_what_it_drafts_with(run: Run) -> None:
+    # The speculative type of each process, as the profiles configure it (the simulator's pool:
+    # off does not draft, min and max draft with draft-mtp); no draft model.
+    found = {
+        dict(labels)["backend"]: (dict(labels)["spec_type"], dict(labels)["draft_model"], value)
+        for labels, value in run.scrape.series("mtp_proxy_backend_speculation_info").items()
+    }
+    assert found == {
+        f"{MODEL}/off": ("none", "", 1.0),
+        f"{MODEL}/min": ("draft-mtp", "", 1.0),
+        f"{MODEL}/max": ("draft-mtp", "", 1.0),
+    }
+    # Drafted tokens are the backends' speculative type's, whichever it is.
+    assert "speculative type" in run.scrape.helps["mtp_proxy_draft_tokens"]
+    assert "MTP heads." not in run.scrape.helps["mtp_proxy_draft_tokens"]
+    assert "speculative type" in run.scrape.helps["mtp_proxy_backend_speculation_info"]
+
+
 def test_learned_table_gauges_match_the_admin_view(run: Run) -> None:
     status, routing = run.proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
     assert status == 200
@@ -331,6 +354,8 @@ def test_label_values_are_bounded(run: Run) -> None:
         "backend": {f"{MODEL}/{p}" for p in PROFILES},
         "request_class": {CLASS, UNROUTED},
         "cause": set(CLOSE_CAUSES),
+        "spec_type": {"none", "draft-mtp"},
+        "draft_model": {""},
     }
     secrets = {SESSION, "no-such-model", *(x.request_id for x in run.sent)}
     for name, series in run.scrape.samples.items():

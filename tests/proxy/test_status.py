@@ -19,7 +19,14 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.harness import ADMIN_KEY, ProxyProcess, free_port, proxy_config, running_proxy
+from tests.support.harness import (
+    ADMIN_KEY,
+    ProxyProcess,
+    free_port,
+    proxy_config,
+    running_proxy,
+    simulator_model,
+)
 from tests.support.traffic import Sent, body_for, standard_mix, wait_all_ready
 
 PROFILES = ("off", "min", "max")
@@ -194,6 +201,48 @@ def test_the_template_check_is_the_same_in_status_admin_and_metrics(proxy: Proxy
         if sample.name == "mtp_proxy_backend_late_system" and sample.value == 1
     }
     assert shown == held == metric == {f"mtp-demo/{p}": "refused" for p in PROFILES}
+
+
+def test_every_speculative_type_is_named_the_same_in_status_admin_and_metrics(
+    tmp_path: Path,
+) -> None:
+    """A pool of three types (simulated: the simulator takes every type the pinned build
+    knows): each backend is named with its own type, and its draft model's file where it has
+    one, never as MTP."""
+    profiles = [
+        {"name": "off"},
+        {"name": "min", "spec_type": "ngram-mod", "draft_n_max": 8},
+        {"name": "max", "spec_type": "draft-simple", "draft_model": "/models/small-draft.gguf",
+         "draft_n_max": 16},
+    ]  # fmt: skip
+    config = proxy_config([simulator_model(profiles=profiles)])
+    expected = {
+        "mtp-demo/off": ("none", None),
+        "mtp-demo/min": ("ngram-mod", None),
+        "mtp-demo/max": ("draft-simple", "small-draft.gguf"),
+    }
+    with running_proxy(config, tmp_path) as proxy:
+        wait_all_ready(proxy)
+        result = status("--url", proxy.url, "--admin-key", ADMIN_KEY)
+        _, admin = proxy.get_json("/admin/backends", admin_key=ADMIN_KEY)
+        with urllib.request.urlopen(proxy.url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+    assert result.returncode == 0, result.stderr
+    shown = {row["backend"]: row["spec type"] for row in table(result.stdout, "Backends")}
+    assert shown == {
+        "mtp-demo/off": "none",
+        "mtp-demo/min": "ngram-mod",
+        "mtp-demo/max": "draft-simple (small-draft.gguf)",
+    }
+    held = {b["name"]: (b["spec_type"], b["draft_model"]) for b in admin["backends"]}
+    assert held == expected
+    metric = {
+        sample.labels["backend"]: (sample.labels["spec_type"], sample.labels["draft_model"] or None)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "mtp_proxy_backend_speculation_info" and sample.value == 1
+    }
+    assert metric == expected
 
 
 def test_each_pool_process_runs_its_profiles_depth(proxy: ProxyProcess, sent: list[Sent]) -> None:

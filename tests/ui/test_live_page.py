@@ -136,6 +136,12 @@ def test_the_page_shows_each_request_its_depth_and_why_and_the_backend(
             BACKEND,
         )
         assert state == "ready"
+        drafts_with = browser.run(
+            "return document.querySelector(`#backends tr[data-backend='${arguments[0]}']"
+            " td.c-spec`).innerText;",
+            BACKEND,
+        )
+        assert drafts_with == "draft-mtp"  # the one process's type (its profiles' own)
         card = browser.wait_for(
             "the depth the process runs now, and why",
             "const c = document.querySelector(`#depths .card[data-backend='${arguments[0]}']`);"
@@ -217,6 +223,38 @@ def test_a_wrong_key_is_refused_and_nothing_is_shown(proxy: ProxyProcess) -> Non
     assert wrong not in proxy.log_path.read_text()
     # The browser reports each refused read as a failed load; nothing else went wrong.
     assert all(e["source"] == "network" and "401" in e["message"] for e in errors)
+
+
+SPECULATION = """
+const rows = [...document.querySelectorAll('#backends tbody tr')];
+return rows.length === arguments[0] &&
+  rows.map((r) => [r.dataset.backend, r.querySelector('td.c-spec').innerText]);
+"""
+
+
+def test_each_backend_is_shown_with_its_own_speculative_type(tmp_path: Path) -> None:
+    """A pool of three types (simulated): each row names its backend's type, and the draft
+    model's file where it has one."""
+    profiles = [
+        {"name": "off"},
+        {"name": "min", "spec_type": "ngram-mod", "draft_n_max": 8},
+        {"name": "max", "spec_type": "draft-simple", "draft_model": "/models/small-draft.gguf",
+         "draft_n_max": 16},
+    ]  # fmt: skip
+    model = simulator_model(profiles=profiles, time_scale=50.0)
+    with running_proxy(proxy_config([model]), tmp_path / "proxy") as proxy:
+        wait_all_ready(proxy, {MODEL: 3})
+        with chromium() as browser:
+            browser.open(f"{proxy.url}/ui/#key={ADMIN_KEY}")
+            browser.wait_for("the page live", "return document.body.dataset.state === 'live'")
+            shown = browser.wait_for("the three backends", SPECULATION, 3)
+            errors = browser.console_errors()
+    assert sorted(map(tuple, shown)) == [
+        (f"{MODEL}/max", "draft-simple (small-draft.gguf)"),
+        (f"{MODEL}/min", "ngram-mod"),
+        (f"{MODEL}/off", "none"),
+    ]
+    assert errors == [], errors
 
 
 def test_a_failed_save_of_what_was_learned_shows_as_a_warning(tmp_path: Path) -> None:

@@ -50,9 +50,15 @@ def exported_metric_names() -> set[str]:
         models=SimpleNamespace(primary_names=list),
         supervisor=None,
         router=SimpleNamespace(learned_rows=list, stats=SimpleNamespace(busy={})),
+        settings=SimpleNamespace(models=[]),
+        plans={},
     )
     registry.register(BackendsCollector(cast(ProxyState, empty)))
-    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    suffixes = {
+        "counter": ("_total",),
+        "histogram": ("_bucket", "_sum", "_count"),
+        "info": ("_info",),
+    }
     names: set[str] = set()
     for family in registry.collect():
         names.update(family.name + s for s in suffixes.get(family.type, ("",)))
@@ -88,6 +94,7 @@ def test_exported_names_cover_both_sources() -> None:
     assert {"mtp_proxy_requests_total", "mtp_proxy_request_duration_seconds_bucket"} <= names
     assert {"mtp_proxy_backend_ready", "mtp_proxy_backend_crash_loops_total"} <= names
     assert "mtp_proxy_learned_acceptance_ratio" in names
+    assert "mtp_proxy_backend_speculation_info" in names  # an info family: its _info series
     assert "mtp_proxy_requests" not in names
 
 
@@ -176,7 +183,7 @@ def test_dashboard_layout(dashboard: dict[str, Any]) -> None:
     ids = [p["id"] for p in all_panels]
     assert len(ids) == len(set(ids))
     rows = [p["title"] for p in all_panels if p["type"] == "row"]
-    assert rows == ["Overview", "MTP", "Backends"]
+    assert rows == ["Overview", "Speculative decoding", "Backends"]
     cells: set[tuple[int, int]] = set()
     for panel in all_panels:
         grid = panel["gridPos"]

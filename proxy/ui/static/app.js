@@ -196,6 +196,12 @@
     return value ? el("span", { class: `pill ${value}`, text: value, title }) : "–";
   }
 
+  // The backend's speculative type, and its draft model's file where it drafts with one.
+  function speculation(b) {
+    if (!b.spec_type) return "–";
+    return b.draft_model ? `${b.spec_type} (${b.draft_model})` : b.spec_type;
+  }
+
   function renderBackends(backends) {
     const rows = backends.map((b) => {
       const shape = page.shapes[b.name];
@@ -206,6 +212,8 @@
         el("td", { text: b.name }),
         el("td", { text: b.model }),
         el("td", { text: serves }),
+        el("td", { class: "c-spec", data: { specType: b.spec_type || "" },
+          text: speculation(b) }),
         el("td", { class: "c-state" }, pill(b.state)),
         el("td", {}, pill(b.draft_control, b.draft_control_reason)),
         el("td", {}, pill(template, template ? "a system message that is not first" : null)),
