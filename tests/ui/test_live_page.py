@@ -274,8 +274,9 @@ def test_a_failed_save_of_what_was_learned_shows_as_a_warning(tmp_path: Path) ->
             while not (state_dir / "learned.json").exists():  # saved once, then it goes
                 assert time.monotonic() < deadline, proxy.tail()
                 time.sleep(0.05)
-            (state_dir / "learned.json").unlink()
-            state_dir.rmdir()
+            # Moved away in one step: a save every 0.2 s could refill it between an unlink and
+            # an rmdir ("Directory not empty").
+            state_dir.rename(tmp_path / "state-gone")
             state_dir.write_text("a file where the directory was: every save fails now\n")
             warning = browser.wait_for(
                 "the warning shown",
