@@ -136,69 +136,75 @@ class Response:
         return (head + '"delta":{"type":"text_delta","text":').encode(), b"}"
 
     def _preamble(self) -> bytes:
+        """What a stream sends before its first token, as llama-server does for each API."""
         if self.api is Api.CHAT:
-            return _data(
-                {
-                    "choices": [
-                        {
-                            "finish_reason": None,
-                            "index": 0,
-                            "delta": {"role": "assistant", "content": None},
-                        }
-                    ],
-                    "created": self.created,
-                    "id": self.id,
-                    "model": self.model,
-                    "system_fingerprint": BUILD_INFO,
-                    "object": "chat.completion.chunk",
-                }
-            )
+            return self._chat_preamble()
         if self.api is Api.RESPONSES:
-            stub = {"id": self.id, "object": "response", "status": "in_progress"}
-            item = {
-                "content": [],
-                "id": self.message_id,
-                "role": "assistant",
-                "status": "in_progress",
-                "type": "message",
-            }
-            return b"".join(
-                (
-                    _event("response.created", {"type": "response.created", "response": stub}),
-                    _event(
-                        "response.in_progress", {"type": "response.in_progress", "response": stub}
-                    ),
-                    _event(
-                        "response.output_item.added",
-                        {"type": "response.output_item.added", "item": item},
-                    ),
-                    _event(
-                        "response.content_part.added",
-                        {
-                            "type": "response.content_part.added",
-                            "item_id": self.message_id,
-                            "part": {"type": "output_text", "text": ""},
-                        },
-                    ),
-                )
-            )
+            return self._responses_preamble()
         if self.api is Api.MESSAGES:
-            message: dict[str, Any] = {
-                "id": self.id,
-                "type": "message",
-                "role": "assistant",
-                "content": [],
-                "model": self.model,
-                "stop_reason": None,
-                "stop_sequence": None,
-                "usage": _anthropic_usage(self.job, 0),
-            }
-            block = {"type": "content_block_start", "index": 0}
-            block["content_block"] = {"type": "text", "text": ""}
-            return _event("message_start", {"type": "message_start", "message": message}) + _event(
-                "content_block_start", block
-            )
+            return self._messages_preamble()
         return b""
+
+    def _chat_preamble(self) -> bytes:
+        return _data(
+            {
+                "choices": [
+                    {
+                        "finish_reason": None,
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": None},
+                    }
+                ],
+                "created": self.created,
+                "id": self.id,
+                "model": self.model,
+                "system_fingerprint": BUILD_INFO,
+                "object": "chat.completion.chunk",
+            }
+        )
+
+    def _responses_preamble(self) -> bytes:
+        stub = {"id": self.id, "object": "response", "status": "in_progress"}
+        item = {
+            "content": [],
+            "id": self.message_id,
+            "role": "assistant",
+            "status": "in_progress",
+            "type": "message",
+        }
+        part = {
+            "type": "response.content_part.added",
+            "item_id": self.message_id,
+            "part": {"type": "output_text", "text": ""},
+        }
+        return b"".join(
+            (
+                _event("response.created", {"type": "response.created", "response": stub}),
+                _event("response.in_progress", {"type": "response.in_progress", "response": stub}),
+                _event(
+                    "response.output_item.added",
+                    {"type": "response.output_item.added", "item": item},
+                ),
+                _event("response.content_part.added", part),
+            )
+        )
+
+    def _messages_preamble(self) -> bytes:
+        message: dict[str, Any] = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": self.model,
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": _anthropic_usage(self.job, 0),
+        }
+        block = {"type": "content_block_start", "index": 0}
+        block["content_block"] = {"type": "text", "text": ""}
+        return _event("message_start", {"type": "message_start", "message": message}) + _event(
+            "content_block_start", block
+        )
 
     def tokens(self, quoted: Sequence[bytes], first: int = 0) -> bytes:
         """Stream bytes for tokens produced by one step (one chunk/event per token); ``first``:
