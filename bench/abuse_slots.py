@@ -243,7 +243,7 @@ def restart(
 ) -> dict[str, Any]:
     """`clients` threads looping requests of ONE; a third into the window, its process is
     restarted."""
-    backend = f"{ONE}/one-copy"
+    backend = f"{ONE}/one-process"
     answers: Counter[str] = Counter()
     lock = threading.Lock()
     stop = threading.Event()

@@ -1,7 +1,7 @@
 """Routing benchmark: replay a trace (or several) under several routing policies, side by side.
 
     pip install -e '.[routing]'        # the base install plus tomli-w (writes the proxies' config)
-    python -m bench.routing [--topology one-copy|pool] [--preset setup-a,setup-b]
+    python -m bench.routing [--topology one-process|pool] [--preset setup-a,setup-b]
                             [--trace default|concurrent|solo|NAME:SEED|FILE[,...]]
                             [--time-scale F] [--repeat N]
                             [--policies P,...] [--json] [--plot FILE.png] [--relearn]
@@ -10,14 +10,14 @@ For each preset and policy a fresh proxy starts with fresh simulated backends (c
 nothing learned, -np 4 each) and the same trace is replayed with the same arrival schedule and
 the same seeds (simulator and proxy). Topologies (bench/routing_topology.py):
 
-- ``one-copy`` (default): one process, one copy of the weights, started at depth 3; the
+- ``one-process`` (default): one process, one copy of the weights, started at depth 3; the
   profiles off / min / max are per-request depths 0 / 2 / 3 on it. Every row but ``pool`` runs
   on that same hardware.
 - ``pool``: one process per profile (three copies of the weights).
 
 Policies:
 
-- ``static:<p>``: every request pinned to profile p (X-MTP-Profile): on one-copy, depth 0, 2 or
+- ``static:<p>``: every request pinned to profile p (X-MTP-Profile): on one-process, depth 0, 2 or
   3 on the one process; on a pool, three replicas of p (the same hardware as the off/min/max pool
   of the other policies; ``--static-pool shared`` pins within that pool instead);
 - ``rules``: the proxy's policy with ``routing.learning = false``: cold rules only (not run
@@ -39,7 +39,7 @@ Policies:
   the same cache and load state at its send (POST /sim/predict with each depth, or on each
   backend). It never gives up one request's speed for others' (it cannot see the requests
   beside it slow down), so a policy can beat it: a counterfactual per request, not a bound;
-- ``pool`` (one-copy only): the adaptive policy on today's three-process pool, at three times
+- ``pool`` (one-process only): the adaptive policy on today's three-process pool, at three times
   the VRAM, as a reference row.
 
 The **oracle** (the reference the ratios use) is the best of the rows that are assignments a
@@ -48,7 +48,7 @@ static setting is one assignment of settings to classes and load levels, so the 
 never below the best static); ``ratios.oracle`` names the row. It is a reference, not a proven
 upper bound: see what hindsight and greedy do not cover above. Ratios (``--json``: per preset
 ``ratios``): ``adaptive_vs_oracle``, ``adaptive_vs_best_static`` (the best static row of the
-topology: on one-copy, the best depth on the one process), ``gain_captured`` (adaptive's share of
+topology: on one-process, the best depth on the one process), ``gain_captured`` (adaptive's share of
 the oracle's gain over the best static) and ``meets_targets`` (adaptive >= 0.97 x oracle, and
 >= 80 % of the oracle's gain where that gain is >= 3 %: the routing's targets). Per preset
 ``reference.cells`` lists every class and load level: each static's goodput there, hindsight's
@@ -139,12 +139,12 @@ from proxy.workloads.trace import TraceRequest, read_trace, write_trace
 
 STATICS = tuple(STATIC_PREFIX + p for p in PROFILES)
 POLICIES = {
-    "one-copy": (*STATICS, "adaptive", "hindsight", "greedy", POOL_ROW),
+    "one-process": (*STATICS, "adaptive", "hindsight", "greedy", POOL_ROW),
     "pool": (*STATICS, "adaptive", "greedy"),  # hindsight: with --static-pool shared only
 }
 RELEARN_POLICIES = ("static:max", "rules", "adaptive", "greedy")  # on a pool
 RELEARN_COLLAPSE = "code=0.25"  # --acceptance-scale of the max profile in the pool's re-learn run
-RELEARN_ONE_COPY = ("static:off", "static:max", "adaptive", NO_DETECTION, "greedy")
+RELEARN_ONE_PROCESS = ("static:off", "static:max", "adaptive", NO_DETECTION, "greedy")
 RELEARN_CHANGE = "code=0.2"
 """The re-learn run on one process: the backend's code acceptance from the change on. On
 setup-b's short code chats depth 3 then decodes at ~0.95x depth 0 instead of ~1.57x: drafting
@@ -243,7 +243,7 @@ def _timed(
     rows: list[dict[str, Any]], cfg: BenchConfig
 ) -> list[tuple[float, Callable[[], Awaitable[None]]]]:
     """The re-learn run on one process: the code acceptance changes at the trace's change."""
-    if cfg.change is None or cfg.topology != "one-copy":
+    if cfg.change is None or cfg.topology != "one-process":
         return []
     url, change = str(rows[0]["url"]), cfg.change
 
@@ -377,17 +377,17 @@ def relearn_report(
     copy: the relearn trace's code requests after the backend's code acceptance turned down,
     and whether they drafted (min or max) or not; and after how many of them the proxy said the
     code class had changed (its log's class_changed)."""
-    one_copy = topology == "one-copy"
-    shifted = (trace_gen.changed_requests if one_copy else trace_gen.shifted_requests)(trace)
+    one_process = topology == "one-process"
+    shifted = (trace_gen.changed_requests if one_process else trace_gen.shifted_requests)(trace)
     out: dict[str, Any] = {
         "shifted_requests": len(shifted),
-        "collapsed_profile": "min/max" if one_copy else "max",
+        "collapsed_profile": "min/max" if one_process else "max",
     }
     for name, run in runs.items():
         seq = sorted((o for o in run.outcomes if o.index in shifted), key=lambda o: o.sent)
-        on_max = [(o.profile != "off") if one_copy else (o.profile == "max") for o in seq]
+        on_max = [(o.profile != "off") if one_process else (o.profile == "max") for o in seq]
         windows = [sum(on_max[i : i + 10]) for i in range(0, len(on_max), 10)]
-        first = _relearned_after(seq, one_copy)
+        first = _relearned_after(seq, one_process)
         after = on_max[first:] if first is not None else []
         waited = sum(o.latency for o in seq) * run.time_scale
         out[name] = {
@@ -396,12 +396,12 @@ def relearn_report(
             "to_collapsed_after_share": round(sum(after) / len(after), 3) if after else None,
             "goodput_tok_s": sum(o.output_tokens for o in seq) / waited if waited else 0.0,
         }
-        if one_copy:
+        if one_process:
             out[name]["detected_after"] = _detected_after(run, shifted)
     return out
 
 
-def _relearned_after(seq: list[Outcome], one_copy: bool) -> int | None:
+def _relearned_after(seq: list[Outcome], one_process: bool) -> int | None:
     """The n-th changed code request (1-based) that learned statistics were the first to send
     away from the collapsed profile. One process: to depth 0, by its class's statistics or by its
     process's busy epoch (chosen from learned busy speeds: every changed request admitted beside
@@ -409,7 +409,7 @@ def _relearned_after(seq: list[Outcome], one_copy: bool) -> int | None:
     no re-learning); depth 2 is still drafting. A pool: off or min by its class's statistics."""
     drafted = False
     for n, outcome in enumerate(seq, start=1):
-        if not one_copy:
+        if not one_process:
             if outcome.reason == "learned" and outcome.profile != "max":
                 return n
         elif outcome.profile != "off":
@@ -479,7 +479,7 @@ def _parser() -> argparse.ArgumentParser:
         help="default | concurrent | solo | NAME:SEED (another seed of those) | a JSON Lines file; "
         "several comma-separated: replayed in turn, with the mean over all runs",
     )
-    p.add_argument("--topology", choices=sorted(TOPOLOGIES), default="one-copy")
+    p.add_argument("--topology", choices=sorted(TOPOLOGIES), default="one-process")
     p.add_argument("--preset", default="setup-a,setup-b", help="comma-separated presets")
     p.add_argument("--time-scale", type=float, default=20.0, help="simulated s per wall s")
     p.add_argument("--slots", type=int, default=4, help="-np of every simulated backend")
@@ -517,8 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         extra = {"max": ["--acceptance-scale", RELEARN_COLLAPSE]}
     elif args.relearn:  # one process: the backend's code acceptance turns down half-way
         traces = {"relearn": trace_gen.relearn_trace()}
-        listed = [p for p in policies if p in RELEARN_ONE_COPY]
-        policies = listed if args.policies else list(RELEARN_ONE_COPY)
+        listed = [p for p in policies if p in RELEARN_ONE_PROCESS]
+        policies = listed if args.policies else list(RELEARN_ONE_PROCESS)
         change = RELEARN_CHANGE
     else:
         traces = {name: load_trace(name) for name in args.trace}

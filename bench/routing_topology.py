@@ -1,6 +1,6 @@
 """How the routing benchmark's backends are laid out: the proxy configuration of each run.
 
-- ``one-copy`` (the default; the single-GPU shape): one simulated llama-server (one copy of the
+- ``one-process`` (the default; the single-GPU shape): one simulated llama-server (one copy of the
   weights), started at the deepest depth, serving the profiles off / min / max as per-request
   depths 0 / 2 / 3 (``draft_control = "per-request"``: the proxy injects ``"speculative.n_max"``).
   ``static:<p>`` pins every request to profile p on that one process; ``pool`` is the adaptive
@@ -28,7 +28,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "max": {"name": "max", "spec_type": "draft-mtp", "draft_n_max": 3},
 }
 DEPTHS = {"off": 0, "min": 2, "max": 3}  # a profile's per-request depth on one process
-POOL_ROW = "pool"  # one-copy's reference row: adaptive on the three-process pool
+POOL_ROW = "pool"  # one-process's reference row: adaptive on the three-process pool
 NO_DETECTION = "adaptive-nodetect"  # adaptive without change detection (the re-learn run's)
 
 
@@ -36,7 +36,7 @@ NO_DETECTION = "adaptive-nodetect"  # adaptive without change detection (the re-
 class BenchConfig:
     preset: str
     time_scale: float
-    topology: str = "one-copy"
+    topology: str = "one-process"
     slots: int = 4
     seed: int = 1
     static_pool: str = "replicas"
@@ -70,14 +70,14 @@ def pool_model(policy: str, cfg: BenchConfig) -> dict[str, Any]:
     return {**model, "draft_control": "per-process"}
 
 
-def one_copy_model(policy: str, cfg: BenchConfig) -> dict[str, Any]:
+def one_process_model(policy: str, cfg: BenchConfig) -> dict[str, Any]:
     """One process at the deepest depth; the profiles are per-request depths on it."""
     if policy == POOL_ROW:
         return pool_model("adaptive", cfg)
     if cfg.profile_args:
-        raise ValueError("one-copy: per-profile simulator args need the pool topology")
+        raise ValueError("one-process: per-profile simulator args need the pool topology")
     if not _knows_draft_control():
-        raise ValueError("one-copy needs a proxy with per-request depths (draft_control)")
+        raise ValueError("one-process needs a proxy with per-request depths (draft_control)")
     return {
         "name": MODEL,
         "backend": "simulator",
@@ -94,7 +94,7 @@ def _knows_draft_control() -> bool:
 
 
 TOPOLOGIES: dict[str, Callable[[str, BenchConfig], dict[str, Any]]] = {
-    "one-copy": one_copy_model,
+    "one-process": one_process_model,
     "pool": pool_model,
 }
 

@@ -25,7 +25,7 @@ import structlog
 
 from proxy.config.settings import ModelSettings
 from proxy.plans.adopt import adopt_plans
-from proxy.plans.plan import ONE_COPY, ModelPlan, describe_plan, resolve_auto
+from proxy.plans.plan import ONE_PROCESS, ModelPlan, describe_plan, resolve_auto
 from proxy.plans.preflight import pool_fits
 from proxy.state import ProxyState
 from supervisor.backend import Backend
@@ -89,7 +89,7 @@ def on_ready(state: ProxyState, backend: Backend) -> None:
 
 def on_replaced(state: ProxyState, backend: Backend) -> None:
     """A backend of a model being re-planned turned READY: its requests stop waiting for it."""
-    if backend.spec.profile != ONE_COPY:
+    if backend.spec.profile != ONE_PROCESS:
         state.replanning.discard(backend.spec.model)
 
 

@@ -31,7 +31,7 @@ from supervisor.draft_probe import DraftControl
 from supervisor.spec import BackendSpec
 
 Shape = Literal["one-process", "pool", "single"]
-ONE_COPY = "one-copy"  # the profile label (and name part) of a one-process backend
+ONE_PROCESS = "one-process"  # the profile label (and name part) of a one-process backend
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Process:
     """One backend process of the plan, described as a profile (what the spec is built from)."""
 
     name: str
-    label: str  # the backend's profile label: a profile name, or ONE_COPY
+    label: str  # the backend's profile label: a profile name, or ONE_PROCESS
     profile: ProfileSettings
 
 
@@ -175,14 +175,14 @@ def processes(model: ModelSettings, plan: ModelPlan) -> list[Process]:
     draft = deepest.draft()
     own_n_max = "--spec-draft-n-max" in model.args
     process = ProfileSettings(
-        name=ONE_COPY,
+        name=ONE_PROCESS,
         spec_type=None if draft.is_off else draft.spec_type,
         draft_n_max=None if draft.is_off or own_n_max else plan.start_depth,
         draft_n_min=draft.n_min,
         draft_p_min=draft.p_min,
         draft_model=draft.draft_model,
     )
-    return _replicated(model, process, ONE_COPY)
+    return _replicated(model, process, ONE_PROCESS)
 
 
 def _replicated(model: ModelSettings, profile: ProfileSettings, label: str) -> list[Process]:

@@ -25,7 +25,7 @@ SMOKE_POLICIES = (
     "greedy",
     "pool",
 )
-SMOKE_TOPOLOGY = "one-copy"
+SMOKE_TOPOLOGY = "one-process"
 SUMMARY_KEYS = {
     "requests",
     "errors",

@@ -224,7 +224,7 @@ def test_the_recipe_init_check_config_restart_and_a_request(box: Box, installed:
     )
     assert answer.startswith("HTTP/1.1 200") and "X-MTP-Profile: max" in answer
     status = box.ok(f"{VENV}/bin/mtp-proxy status --config {CONFIG}")
-    assert "tiny-qwen/one-copy" in status and "per-request" in status
+    assert "tiny-qwen/one-process" in status and "per-request" in status
 
 
 def test_a_model_the_service_cannot_read_fails_the_start_with_its_cause(

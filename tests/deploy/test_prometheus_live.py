@@ -319,7 +319,7 @@ def drive(proxy: ProxyProcess) -> None:
         if i == 1:  # a backend dies once: a restart to count, a state change to show
             kill_and_wait_restarted(proxy, "mtp-demo/max")
         if i == 2:
-            freeze_past_a_health_check(proxy, f"{AGENT}/one-copy")
+            freeze_past_a_health_check(proxy, f"{AGENT}/one-process")
         for what, status in [*one_round(proxy), *agent_burst(proxy)]:
             statuses.setdefault(what, set()).add(status)
         time.sleep(max(0.0, SCRAPE_S - (time.monotonic() - started)))
@@ -471,7 +471,7 @@ def test_the_mtp_questions_are_answered(scraped: tuple[Prometheus, ProxyProcess]
     epochs = {b["name"]: b["busy"]["depth"] for b in depths["backends"] if b["busy"]}
     shown = {s["metric"]["backend"]: float(s["value"][1]) for s in prometheus.query(gauge)}
     assert shown == {name: float(depth) for name, depth in epochs.items()}
-    assert set(shown) == {f"{AGENT}/one-copy"}
+    assert set(shown) == {f"{AGENT}/one-process"}
     # Whether drafting pays: each drafting profile's learned speed over off's, class by class.
     speedup, _ = panel_exprs("Speedup against off (learned)")
     learned = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)[1]["learned"]
@@ -490,12 +490,12 @@ def test_the_mtp_questions_are_answered(scraped: tuple[Prometheus, ProxyProcess]
     # Whether the build honours the depth field.
     (control,) = panel_exprs("Draft control per backend")
     found = {s["metric"]["backend"]: s["metric"]["control"] for s in prometheus.query(control)}
-    assert found["mtp-demo/off"] == "none" and found[f"{AGENT}/one-copy"] == "per-request"
+    assert found["mtp-demo/off"] == "none" and found[f"{AGENT}/one-process"] == "per-request"
     # Whether the chat template takes a system message that is not first (the simulator's
     # setup-b refuses it, as Qwen3.5/3.6's template does).
     (template,) = panel_exprs("Chat template: a system message that is not first")
     found = {s["metric"]["backend"]: s["metric"]["late_system"] for s in prometheus.query(template)}
-    assert found["mtp-demo/off"] == found[f"{AGENT}/one-copy"] == "refused", found
+    assert found["mtp-demo/off"] == found[f"{AGENT}/one-process"] == "refused", found
     # Drafted and accepted tokens per second: the drafting profiles only (zeros hidden).
     for expr in panel_exprs("Drafted and accepted tokens/s"):
         assert labels_of(prometheus, expr, "profile") == DRAFTING, expr

@@ -24,7 +24,7 @@ from tests.support.real_models import GEMMA3_270M, SMOLLM2_135M, real_model
 
 pytestmark = pytest.mark.llama
 
-BACKEND = f"{MODEL}/one-copy"
+BACKEND = f"{MODEL}/one-process"
 ARGS = ["-c", "4096", "-np", "2", "-t", "1"]
 
 

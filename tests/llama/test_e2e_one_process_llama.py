@@ -33,7 +33,7 @@ PROFILES: list[dict[str, Any]] = [
     {"name": "max", "spec_type": "draft-mtp", "draft_n_max": 3},
 ]
 DRAFTED = "llamacpp:spec_decode_num_draft_tokens_total"
-BACKEND = f"{MODEL}/one-copy"
+BACKEND = f"{MODEL}/one-process"
 
 
 @pytest.fixture(scope="module")

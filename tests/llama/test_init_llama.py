@@ -69,7 +69,7 @@ def test_init_then_check_config_then_serve(tmp_path: Path) -> None:
             backend = response.headers["X-MTP-Backend"]
         plans = [x for x in proxy.log_lines() if x.get("event") == "backend_probed"]
     assert served == (200, "max")
-    assert backend == "tiny-qwen3.6-mtp/one-copy"
+    assert backend == "tiny-qwen3.6-mtp/one-process"
     assert plans and plans[0]["draft_control"] == "per-request"  # the patched build, found
     assert (tmp_path / "learned-stats.json").is_file()  # the learned file the environment chose
 
@@ -81,7 +81,7 @@ LINE = (
     "wooden table by the open kitchen window.\n"
 )
 GEMMA_NAME = "gemma-3-270m-q4_k_m"
-GEMMA_BACKEND = f"{GEMMA_NAME}/one-copy"
+GEMMA_BACKEND = f"{GEMMA_NAME}/one-process"
 
 
 def test_init_on_gemma_without_mtp_layers_drafts_with_ngram_mod_through_the_proxy(
@@ -114,7 +114,7 @@ def test_init_on_gemma_without_mtp_layers_drafts_with_ngram_mod_through_the_prox
     ]
     assert status.returncode == 0, status.stderr
     row = next(line for line in status.stdout.splitlines() if line.startswith(GEMMA_BACKEND))
-    assert row.split()[1:3] == ["one-copy", "ngram-mod"], status.stdout
+    assert row.split()[1:3] == ["one-process", "ngram-mod"], status.stdout
 
 
 def test_init_with_a_draft_model_checks_its_vocabulary(tmp_path: Path) -> None:

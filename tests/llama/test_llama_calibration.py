@@ -19,7 +19,7 @@ from tests.support.llama_pool import MODEL, identity_model, llama_config, llama_
 
 pytestmark = pytest.mark.llama
 
-BACKEND = f"{MODEL}/one-copy"
+BACKEND = f"{MODEL}/one-process"
 PROFILES: list[dict[str, Any]] = [
     {"name": "off"},
     {"name": "min", "spec_type": "draft-mtp", "draft_n_max": 2},

@@ -256,7 +256,7 @@ def test_tune_through_a_running_service_while_another_client_sends(tmp_path: Pat
         for line in (tmp_path / "out" / "settings" / f"{name}.jsonl").read_text().splitlines()
     ]
     assert {m["mode"] for m in measured} == {"service"}
-    assert {m["backend"] for m in measured} == {f"{MODEL}/one-copy"}
+    assert {m["backend"] for m in measured} == {f"{MODEL}/one-process"}
     busy = [m for m in measured if m["others"] >= 0.5]
     assert busy, [m["others"] for m in measured]
     assert doc["run"]["busy"].startswith(f"{len(busy)} of {len(measured)} requests decoded beside")

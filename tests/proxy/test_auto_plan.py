@@ -63,10 +63,10 @@ async def test_auto_keeps_one_process_on_a_backend_that_honours_the_depth(
     config = proxy_config([simulator_model(draft_control="auto")])
     with running_proxy(config, tmp_path) as proxy:
         wait_all_ready(proxy, {MODEL: 1})
-        row = backends(proxy)[f"{MODEL}/one-copy"]
+        row = backends(proxy)[f"{MODEL}/one-process"]
         assert row["draft_control"] == "per-request", row
         response = await pinned(proxy, "off")
-        assert response.headers["X-MTP-Backend"] == f"{MODEL}/one-copy"
+        assert response.headers["X-MTP-Backend"] == f"{MODEL}/one-process"
         assert response.headers["X-MTP-Profile"] == "off"
         decided = [e for e in plan_events(proxy) if e["event"] == "plan" and "shape" in e]
         assert decided and decided[-1]["shape"] == "one-process"
@@ -226,4 +226,4 @@ async def test_per_request_on_a_backend_that_ignores_the_depth_says_so(tmp_path:
         wait_all_ready(proxy, {MODEL: 1})
         warnings = [e for e in proxy.log_lines() if e.get("event") == "depth_not_honoured"]
         assert warnings and warnings[0]["draft_control"] == "ignored", warnings
-        assert sorted(backends(proxy)) == [f"{MODEL}/one-copy"]  # as configured: no fallback
+        assert sorted(backends(proxy)) == [f"{MODEL}/one-process"]  # as configured: no fallback

@@ -30,7 +30,7 @@ from tests.support.harness import (
 )
 
 MODEL = "mtp-demo"
-BACKEND = "mtp-demo/one-copy"
+BACKEND = "mtp-demo/one-process"
 # What the published runs say with 4 parallel requests (docs/published-figures.md#concurrency):
 # llama.cpp PR #27342 (Vulkan) MTP 0.77x of no drafting at np=4: setup-b; a newer build 4 MTP
 # slots 1.97x one slot, ahead of 4 without MTP: setup-b-batched.
@@ -90,7 +90,7 @@ async def test_the_measurement_splits_the_busy_gap_by_content_kind(seed: int) ->
     assert code > 1.1 * prose, found.findings([4])
 
 
-def one_copy(preset: str, state_file: Path | None = None, **routing: Any) -> dict[str, Any]:
+def one_process(preset: str, state_file: Path | None = None, **routing: Any) -> dict[str, Any]:
     model = simulator_model(preset=preset, draft_control="per-request", time_scale=50.0)
     settings: dict[str, Any] = {"seed": 1, **routing}
     if state_file is not None:
@@ -133,7 +133,7 @@ def samples(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
 
 @pytest.mark.parametrize("preset", sorted(TRUTH_AT_4))
 async def test_the_proxy_calibrates_shows_and_uses_it(preset: str, tmp_path: Path) -> None:
-    with running_proxy(one_copy(preset), tmp_path) as proxy:
+    with running_proxy(one_process(preset), tmp_path) as proxy:
         wait_all_ready(proxy, {MODEL: 1})
         status, routing = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
         assert status == 200
@@ -168,7 +168,7 @@ async def test_the_proxy_calibrates_shows_and_uses_it(preset: str, tmp_path: Pat
 
 
 async def test_off_keeps_the_published_prior(tmp_path: Path) -> None:
-    with running_proxy(one_copy("setup-b-batched", calibrate="off"), tmp_path) as proxy:
+    with running_proxy(one_process("setup-b-batched", calibrate="off"), tmp_path) as proxy:
         wait_all_ready(proxy, {MODEL: 1})
         _, routing = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
         assert routing["calibration"] == {} and not events(proxy, "calibrating")
@@ -188,19 +188,19 @@ def served_requests(proxy: ProxyProcess) -> float:
 
 def test_a_restart_measures_nothing_again(tmp_path: Path) -> None:
     state = tmp_path / "state.json"
-    with running_proxy(one_copy("setup-b", state), tmp_path / "first") as proxy:
+    with running_proxy(one_process("setup-b", state), tmp_path / "first") as proxy:
         wait_all_ready(proxy, {MODEL: 1})
         first = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)[1]["calibration"][BACKEND]
         assert served_requests(proxy) > 1000  # 16 requests of 96 tokens, the probe's 16
     assert first["key"] in state.read_text()  # written at once, not at the next save
-    with running_proxy(one_copy("setup-b", state), tmp_path / "second") as proxy:
+    with running_proxy(one_process("setup-b", state), tmp_path / "second") as proxy:
         wait_all_ready(proxy, {MODEL: 1})
         again = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)[1]["calibration"][BACKEND]
         assert again == first
         assert events(proxy, "calibration_cached") and not events(proxy, "calibrating")
         assert served_requests(proxy) < 100  # only the draft-control probe's two short ones
     # Another -np is another process: measured again.
-    changed = one_copy("setup-b", state)
+    changed = one_process("setup-b", state)
     changed["models"][0]["args"][changed["models"][0]["args"].index("-np") + 1] = "2"
     with running_proxy(changed, tmp_path / "third") as proxy:
         wait_all_ready(proxy, {MODEL: 1})
@@ -212,14 +212,14 @@ def test_a_calibration_saved_by_an_older_proxy_is_measured_again(tmp_path: Path)
     kinds; the busy pick then falls back to the slot count's mean gap. Such a saved one is not
     kept for ever (its key, the binary, model and flags, has not changed): measured again."""
     state = tmp_path / "state.json"
-    with running_proxy(one_copy("setup-b", state), tmp_path / "first") as proxy:
+    with running_proxy(one_process("setup-b", state), tmp_path / "first") as proxy:
         wait_all_ready(proxy, {MODEL: 1})
     saved = json.loads(state.read_text())
     [old] = saved["calibrations"].values()
     old["cells"] = [row for row in old["cells"] if row[0] in (1, 4)]
     del old["busy_kinds"]
     state.write_text(json.dumps(saved))
-    with running_proxy(one_copy("setup-b", state), tmp_path / "second") as proxy:
+    with running_proxy(one_process("setup-b", state), tmp_path / "second") as proxy:
         wait_all_ready(proxy, {MODEL: 1})
         [outdated] = events(proxy, "calibration_outdated")
         assert outdated["loads"] == [1, 4] and not outdated["kinds"]
@@ -233,7 +233,7 @@ async def test_a_client_request_waits_for_the_calibration_and_runs_alone(tmp_pat
     """The measurement runs before the backend is announced ready: a request that arrives while
     it runs waits in the model's queue and is forwarded only after it (the proxy never forwards
     to a backend that is not ready), so it neither slows the measurement nor is slowed by it."""
-    config = one_copy("setup-b")
+    config = one_process("setup-b")
     config["models"][0]["args"][config["models"][0]["args"].index("--time-scale") + 1] = "4"
     proxy = spawn_proxy(config, tmp_path)
     try:

@@ -193,7 +193,7 @@ def test_the_demo_banner_on_a_terminal_and_status_from_it(tmp_path: Path) -> Non
             read_available(controller)
         os.close(controller)
     assert status.returncode == 0, status.stderr
-    assert "mtp-demo/one-copy" in status.stdout
+    assert "mtp-demo/one-process" in status.stdout
     assert "a simulated llama-server, no GPU used and no model file" in seen
     assert f"curl -s http://127.0.0.1:{port}/v1/chat/completions" in seen
     # The live page's link opens it with the made-up key (the page: tests/ui).

@@ -25,7 +25,7 @@ from tests.support.harness import (
 )
 
 MODEL = "mtp-demo"
-BACKEND = "mtp-demo/one-copy"
+BACKEND = "mtp-demo/one-process"
 RETRY_S = 1.0  # the first trial's back-off (30 s by default)
 
 

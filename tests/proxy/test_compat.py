@@ -252,7 +252,7 @@ def test_a_body_that_cannot_be_mended_goes_as_it_came_and_the_log_says_why(
     status, answer = post(proxy, "/v1/chat/completions", body)
     assert status == 400 and json.loads(answer)["error"]["message"] == REFUSED + LATE_SYSTEM
     why = logged(proxy, "request_not_mended")
-    assert why and "image_url" in why[-1]["reason"] and why[-1]["backend"] == "qwen/one-copy"
+    assert why and "image_url" in why[-1]["reason"] and why[-1]["backend"] == "qwen/one-process"
 
 
 def test_token_counting_is_mended_like_generation(

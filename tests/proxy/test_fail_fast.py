@@ -108,7 +108,7 @@ def test_a_model_that_was_ready_keeps_its_restarts_and_the_proxy(tmp_path: Path)
         assert proxy.get_json("/health")[0] == 503
         # Still serving its admin endpoints: a restart brings the model back, as before.
         restart = urllib.request.Request(
-            f"{proxy.url}/admin/backends/mtp-demo/one-copy/restart",
+            f"{proxy.url}/admin/backends/mtp-demo/one-process/restart",
             method="POST",
             headers={"Authorization": f"Bearer {ADMIN_KEY}"},
         )
@@ -140,7 +140,7 @@ def test_a_reload_adding_a_model_that_never_starts_keeps_the_proxy(tmp_path: Pat
         proxy.process.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 30
         while not any(
-            line.get("backend") == "broken/one-copy" and line.get("to") == "failed"
+            line.get("backend") == "broken/one-process" and line.get("to") == "failed"
             for line in proxy.log_lines()
         ):
             assert time.monotonic() < deadline, proxy.tail()
@@ -167,7 +167,7 @@ def test_a_failed_backends_cause_shows_in_admin_and_status(tmp_path: Path) -> No
         (tmp_path / "config.toml").write_text(tomli_w.dumps({**config, "models": [good, bad]}))
         proxy.process.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 30
-        while (row := rows(proxy).get("bad/one-copy", {})).get("state") != "failed":
+        while (row := rows(proxy).get("bad/one-process", {})).get("state") != "failed":
             assert time.monotonic() < deadline, proxy.tail()
             time.sleep(0.05)
         status = subprocess.run(
@@ -178,7 +178,7 @@ def test_a_failed_backends_cause_shows_in_admin_and_status(tmp_path: Path) -> No
     assert row["cause"] == "llama-server does not know the flag --nope"
     assert status.returncode == 0, status.stderr
     # Its row in the Backends table, the first of its rows (the depth table comes after).
-    line = next(x for x in status.stdout.splitlines() if x.startswith("bad/one-copy"))
+    line = next(x for x in status.stdout.splitlines() if x.startswith("bad/one-process"))
     assert "llama-server does not know the flag --nope" in line
 
 

@@ -31,7 +31,7 @@ from tests.support.harness import (
 from tests.support.traffic import Sent, body_for, send
 
 MODEL = "mtp-demo"
-BACKEND = "mtp-demo/one-copy"
+BACKEND = "mtp-demo/one-process"
 DEPTH = {"off": 0, "min": 2, "max": 3}
 CLIENT_KEY = "sk-client-key"
 CLIENT = {"Authorization": f"Bearer {CLIENT_KEY}"}

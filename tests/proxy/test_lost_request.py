@@ -26,7 +26,7 @@ from tests.support.harness import (
 )
 
 MODEL = "mtp-demo"
-BACKEND = "mtp-demo/one-copy"
+BACKEND = "mtp-demo/one-process"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
 # A process that stopped answering /health would be out of service within ~1.7 s here.
 SUPERVISOR = {"health_interval_s": 0.2, "health_timeout_s": 0.5, "unhealthy_after_s": 1.0}

@@ -27,7 +27,7 @@ from tests.support.harness import (
 )
 
 MODEL = "mtp-demo"
-BACKEND = "mtp-demo/one-copy"
+BACKEND = "mtp-demo/one-process"
 PROFILES: list[dict[str, Any]] = [
     {"name": "off"},
     {"name": "one", "spec_type": "draft-mtp", "draft_n_max": 1},

@@ -21,7 +21,7 @@ def test_check_config_prints_the_plan(tmp_path: Path) -> None:
     assert "shape: one process per replica (1 process" in out
     assert 'per-request depths ("speculative.n_max"): off = 0, min = 2, max = 3' in out
     assert "if the probe says the backend ignores the field" in out
-    assert "m/one-copy: " in out and "--spec-draft-n-max 3" in out
+    assert "m/one-process: " in out and "--spec-draft-n-max 3" in out
     assert "gpu memory:" in out
 
 
@@ -46,4 +46,4 @@ def test_check_config_says_whether_autos_fallback_pool_would_fit(
     result = run_cli("check-config", str(path))
     assert result.returncode == 0, result.stderr
     assert "the pool does not fit: pool ~" in result.stdout
-    assert "m/one-copy: ~" in result.stdout  # the estimate of the one process that starts
+    assert "m/one-process: ~" in result.stdout  # the estimate of the one process that starts

@@ -27,7 +27,7 @@ def test_embedded_default_is_one_simulated_process_with_per_request_depths() -> 
     plan = plans_of(settings)["mtp-demo"]
     assert (plan.shape, dict(plan.depths)) == ("one-process", {"off": 0, "min": 2, "max": 3})
     (spec,) = backend_specs(settings)
-    assert spec.name == "mtp-demo/one-copy"
+    assert spec.name == "mtp-demo/one-process"
     argv = list(spec.argv)
     assert argv[1:3] == ["-m", "simulator"]
     assert argv[argv.index("--spec-type") + 1] == "draft-mtp"
@@ -93,7 +93,7 @@ def test_check_config_prints_each_backend_command_line() -> None:
     assert result.returncode == 0, result.stderr
     assert "model mtp-demo: 3 profile(s)" in result.stdout
     assert "any other model name: mtp-demo" in result.stdout
-    line = next(line for line in result.stdout.splitlines() if "mtp-demo/one-copy:" in line)
+    line = next(line for line in result.stdout.splitlines() if "mtp-demo/one-process:" in line)
     assert "--spec-type draft-mtp --spec-draft-n-max 3 --metrics" in line
 
 

@@ -160,7 +160,7 @@ def test_a_state_file_with_huge_finite_numbers_does_not_break_routing(tmp_path: 
         ],
         "chars_per_token": {"mtp-demo": [3.5, huge]},
         "busy": {
-            "mtp-demo/one-copy": [
+            "mtp-demo/one-process": [
                 {"class": f"{bucket}/{kind}", "profile": p, **busy_row}
                 for bucket in ("<4k", "4k-16k")
                 for kind in ("prose", "code")

@@ -33,7 +33,7 @@ from tests.support.traffic import Sent, body_for, send
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT = REPO / "build" / "ui" / "live-page.png"
 MODEL = "mtp-demo"
-BACKEND = "mtp-demo/one-copy"
+BACKEND = "mtp-demo/one-process"
 DEPTH = {"off": 0, "min": 2, "max": 3}
 NOTHING = "\u2013"  # what the page shows where there is no value (an en dash)
 LEARNED = 5  # requests pinned to off and to max before the page opens: min_samples each

@@ -245,17 +245,17 @@ AGENT = RequestClass("64k+", "code")  # a class of the default buckets
 def test_what_a_process_measured_busy_survives_a_restart(tmp_path: Path) -> None:
     settings = RoutingSettings(min_samples=4)
     stats = LearnedStats(settings)
-    stats.busy["m/one-copy"] = measured(
+    stats.busy["m/one-process"] = measured(
         {(SHORT, "off"): [30.0] * 6, (SHORT, "max"): [40.0] * 6, (AGENT, "off"): [12.0] * 6}
     )
-    stats.busy["m/one-copy"].profile, stats.busy["m/one-copy"].left = "max", 3
+    stats.busy["m/one-process"].profile, stats.busy["m/one-process"].left = "max", 3
     stats.busy["m/two"] = measured({(SHORT, "off"): [30.0]})
     path = tmp_path / "learned.json"
     stats.save(path)
     loaded = LearnedStats.load(path, settings)
     assert loaded.load_report == "loaded 0 cells"
-    state = loaded.busy["m/one-copy"]
-    assert state.speeds == stats.busy["m/one-copy"].speeds
+    state = loaded.busy["m/one-process"]
+    assert state.speeds == stats.busy["m/one-process"].speeds
     assert (state.profile, state.left) == (None, 0)  # the epoch was the old process's
     assert pick(state) == "max"  # no cold epochs again: it knows max is faster when busy
 
@@ -271,7 +271,7 @@ def test_what_a_process_measured_busy_survives_a_restart(tmp_path: Path) -> None
     path.write_text(json.dumps(state_json))
     broken = LearnedStats.load(path, settings)
     assert broken.load_report.startswith("loaded 0 cells, dropped 1 (1 untrusted; kept as ")
-    assert broken.busy["m/one-copy"].speeds == stats.busy["m/one-copy"].speeds
+    assert broken.busy["m/one-process"].speeds == stats.busy["m/one-process"].speeds
     assert broken.busy["m/two"].speeds == {}
 
 

@@ -252,11 +252,11 @@ def test_the_calibrations_guess_is_checked_on_a_busy_process_too() -> None:
 
 def _router_with(measured: Calibration) -> Router:
     live = LiveBackends()
-    spec = BackendSpec("m/one-copy", "m", "one-copy", ("x",))
+    spec = BackendSpec("m/one-process", "m", "one-process", ("x",))
     live.update(spec, BackendState.READY, "http://127.0.0.1:1", slots=4)
     router = Router(RoutingSettings(), live, rng=random.Random(0))
     router.per_request["m"] = PerRequestModel(DEPTHS)
-    router.calibrated["m/one-copy"] = measured
+    router.calibrated["m/one-process"] = measured
     return router
 
 
@@ -291,7 +291,7 @@ def test_the_carried_pick_holds_once_the_process_compared_the_two_depths() -> No
     comparison, not the carry, moves a process that has measured both depths. Moved by the
     carry, it ran off until off had its own samples (rtx3090-250w's concurrent trace)."""
     router = _router_with(calibration(1.7, 1.2))
-    state = router.stats.busy.setdefault("m/one-copy", BusyDepths())
+    state = router.stats.busy.setdefault("m/one-process", BusyDepths())
     chat = RequestClass("<4k", "code")
     for _ in range(8):
         state.observe(chat, 2, "max", 32.0, 10.0, decay=1.0)
@@ -303,7 +303,7 @@ def test_the_carried_pick_holds_once_the_process_compared_the_two_depths() -> No
     assert state.cold == "max"
     fresh = _router_with(calibration(1.7, 1.2))
     assert _busy_pick(fresh, 40_000, 3) == "off"  # nothing compared: the carried pick stands
-    assert fresh.stats.busy["m/one-copy"].cold == "off"  # what a later pick may be held to
+    assert fresh.stats.busy["m/one-process"].cold == "off"  # what a later pick may be held to
 
 
 def test_the_check_of_the_calibrations_guess_runs_half_an_epoch() -> None:
@@ -312,7 +312,7 @@ def test_the_check_of_the_calibrations_guess_runs_half_an_epoch() -> None:
     admissions runs at the depth measured slower. A whole epoch cost rtx3090-250w's concurrent
     trace 8 requests at depth 0, where depth 3 has 1.5x its goodput."""
     router = _router_with(calibration(1.7, 1.2))
-    state = router.stats.busy.setdefault("m/one-copy", BusyDepths())
+    state = router.stats.busy.setdefault("m/one-process", BusyDepths())
     for _ in range(5):
         state.observe(RequestClass("<4k", "code"), 2, "max", 32.0, 10.0, decay=1.0)
     state.profile, state.cold, state.left = "max", "max", 0

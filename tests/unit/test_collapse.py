@@ -102,7 +102,7 @@ class _Clock:
 
 def _router(settings: RoutingSettings) -> tuple[Router, _Clock]:
     live = LiveBackends()
-    spec = BackendSpec("m/one-copy", "m", "one-copy", ("x",))
+    spec = BackendSpec("m/one-process", "m", "one-process", ("x",))
     live.update(spec, BackendState.READY, "http://127.0.0.1:1", slots=4)
     router = Router(settings, live, rng=random.Random(0))
     router.per_request["m"] = PerRequestModel({"off": 0, "min": 2, "max": 3})
@@ -170,7 +170,7 @@ def test_the_router_serves_depth_0_keeps_its_table_and_drafts_again_when_accepta
         route = _route(router, n)
         verdicts.append(route.reason)
         _answered(router, route, n, 1)
-    assert verdicts == ["rule", "rule", "rule"] and router.guards["m/one-copy"].collapsed
+    assert verdicts == ["rule", "rule", "rule"] and router.guards["m/one-process"].collapsed
     assert drafting() == before  # held back, then dropped as the collapse's: nothing overwritten
     n += 1
     served = _route(router, n)
@@ -181,16 +181,16 @@ def test_the_router_serves_depth_0_keeps_its_table_and_drafts_again_when_accepta
     trial = _route(router, n)
     assert (trial.profile, trial.reason) == ("max", "collapsed")
     _answered(router, trial, n, 0)
-    assert router.guards["m/one-copy"].next_trial_at == pytest.approx(180.0)  # doubled
+    assert router.guards["m/one-process"].next_trial_at == pytest.approx(180.0)  # doubled
     clock.now = 180.0  # fixed meanwhile
     n += 1
     trial = _route(router, n)
     _answered(router, trial, n, 58)
-    assert not router.guards["m/one-copy"].collapsed
+    assert not router.guards["m/one-process"].collapsed
     n += 1
     back = _route(router, n)
     assert back.profile == "max" and back.reason != "collapsed"
-    report = router.snapshot()["collapse"]["m/one-copy"]
+    report = router.snapshot()["collapse"]["m/one-process"]
     assert report["collapses"] == 1 and report["trials"] == 2 and not report["collapsed"]
     assert drafting() == before
 

@@ -253,7 +253,7 @@ def test_dashboard_shows_what_operators_need(dashboard: dict[str, Any]) -> None:
 
 def test_dashboard_variables_come_from_the_request_metrics(dashboard: dict[str, Any]) -> None:
     """Not from mtp_proxy_backend_ready: in the one-process shape its profile is the process's
-    ("one-copy"), and picking it would empty every request and MTP panel."""
+    ("one-process"), and picking it would empty every request and MTP panel."""
     queries = {
         v["name"]: v["query"]["query"]
         for v in dashboard["templating"]["list"]

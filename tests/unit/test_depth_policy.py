@@ -24,7 +24,7 @@ SHORT = RequestClass("<4k", "prose")
 
 
 def one(in_flight: int = 0, **kw: object) -> Replica:
-    return Replica("m/one-copy", True, in_flight, 4, **kw)
+    return Replica("m/one-process", True, in_flight, 4, **kw)
 
 
 def train(
@@ -42,7 +42,7 @@ def train(
     drafted = 100 if DEPTHS[profile] else 0
     for _ in range(n):
         obs = Observation(
-            backend="m/one-copy",
+            backend="m/one-process",
             profile=profile,
             request_class=cls,
             context_tokens=context,
@@ -88,7 +88,7 @@ def test_levels_keep_alone_two_and_four_plus_apart() -> None:
 
 
 def test_no_ready_replica_is_no_decision() -> None:
-    down = Replica("m/one-copy", False, 0, 4)
+    down = Replica("m/one-process", False, 0, 4)
     assert decide_depth(feat(), [down], DEPTHS, LearnedStats(S).for_model(""), S, Draws()) is None
 
 
@@ -108,7 +108,7 @@ def test_cold_beside_others_does_not_draft() -> None:
 def test_beside_others_a_request_gets_the_depth_of_the_busy_epoch() -> None:
     d = run(500, "prose", replicas=[one(2, busy_depth="max")])
     assert (d.profile, d.depth, d.reason, d.level) == ("max", 3, "busy", 2)
-    assert d.detail == "busy epoch of m/one-copy at max"
+    assert d.detail == "busy epoch of m/one-process at max"
     # A model whose slots may mix depths chooses per request instead.
     free = run(500, "prose", replicas=[one(2, busy_depth="max")], mixed=True)
     assert (free.profile, free.reason) == ("off", "rule")
@@ -195,13 +195,13 @@ def test_learned_exploration_rate_stays_small() -> None:
 
 
 def test_the_session_holder_keeps_its_request_while_it_has_room() -> None:
-    a = Replica("m/one-copy#1", True, 2, 4)
-    b = Replica("m/one-copy#2", True, 0, 4, holds_session=True)
-    c = Replica("m/one-copy#3", True, 0, 4)
-    assert run(500, replicas=[a, c, b]).backend == "m/one-copy#2"
-    full = Replica("m/one-copy#2", True, 4, 4, holds_session=True)
-    assert run(500, replicas=[a, full, c]).backend == "m/one-copy#3"
-    assert run(500, replicas=[a, c]).backend == "m/one-copy#3"  # least loaded
+    a = Replica("m/one-process#1", True, 2, 4)
+    b = Replica("m/one-process#2", True, 0, 4, holds_session=True)
+    c = Replica("m/one-process#3", True, 0, 4)
+    assert run(500, replicas=[a, c, b]).backend == "m/one-process#2"
+    full = Replica("m/one-process#2", True, 4, 4, holds_session=True)
+    assert run(500, replicas=[a, full, c]).backend == "m/one-process#3"
+    assert run(500, replicas=[a, c]).backend == "m/one-process#3"  # least loaded
 
 
 def test_long_contexts_never_explore_a_depth_known_to_lose_much() -> None:
@@ -272,10 +272,10 @@ def test_the_calibration_gives_each_kind_its_first_trend_point_alone() -> None:
     train(stats, cls, "max", 52.0, n=3, context=10_000)
     assert run(90_000, "code", stats=stats).reason == "rule"
     points = {"code": {"off": (100.0, 37.6), "max": (100.0, 59.0)}}
-    calibrated = Replica("m/one-copy", True, 0, 4, alone_points=points)
+    calibrated = Replica("m/one-process", True, 0, 4, alone_points=points)
     d = run(90_000, "code", stats=stats, replicas=[calibrated])
     assert d.reason == "learned" and "context trend" in d.detail
-    busy = Replica("m/one-copy", True, 0, 4, recent_load=2.0, alone_points=points)
+    busy = Replica("m/one-process", True, 0, 4, recent_load=2.0, alone_points=points)
     assert run(90_000, "code", stats=stats, replicas=[busy], mixed=True).reason == "rule"
 
 
@@ -311,7 +311,7 @@ def test_an_unknown_depth_is_explored_only_where_it_could_win() -> None:
         train(stats, RequestClass(bucket, "code"), "max", speed, n=3, context=context)
         train(stats, RequestClass(bucket, "code"), "min", speed * 0.95, n=3, context=context)
     points = {"code": {"off": (100.0, 37.7)}}
-    replica = Replica("m/one-copy", True, 0, 4, alone_points=points)
+    replica = Replica("m/one-process", True, 0, 4, alone_points=points)
     near = run(20_000, "code", replicas=[replica], stats=stats, settings=settings)
     assert near.profile == "max" and near.reason == "learned"
     far = run(70_000, "code", replicas=[replica], stats=stats, settings=settings)
@@ -327,7 +327,7 @@ def test_depths_are_ranked_by_decode_alone_since_one_process_prefills_alike() ->
     for profile, decode, prefill_s in (("off", 25.0, 5.0), ("max", 40.0, 60.0)):
         for _ in range(5):
             obs = Observation(
-                backend="m/one-copy",
+                backend="m/one-process",
                 profile=profile,
                 request_class=cls,
                 context_tokens=36_000,

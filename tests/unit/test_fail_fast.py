@@ -21,7 +21,7 @@ FAILED_REASON = "crash loop: 6 exits within 60s, last: exited with code 1 before
 
 
 def backend(
-    model: str = "qwen", profile: str = "one-copy", state: BackendState = S.FAILED, **kw: object
+    model: str = "qwen", profile: str = "one-process", state: BackendState = S.FAILED, **kw: object
 ) -> Backend:
     fields: dict[str, object] = {
         "name": f"{model}/{profile}",
@@ -80,5 +80,5 @@ def test_the_first_verdict_is_kept() -> None:
 def test_an_unknown_cause_quotes_the_telling_line_and_says_where_to_look() -> None:
     lines = ("0.00.011.001 I loading", "0.00.011.002 E llama_server: something new went wrong")
     line = cannot_start_line("qwen", [backend(last_log_lines=lines)])
-    assert "its backend qwen/one-copy said: llama_server: something new went wrong" in line
+    assert "its backend qwen/one-process said: llama_server: something new went wrong" in line
     assert "check-config prints" in line

@@ -32,7 +32,7 @@ def test_per_request_is_one_process_at_the_deepest_depth() -> None:
     assert dict(plan.depths) == {"off": 0, "min": 2, "max": 3}
     (spec,) = model_specs(m, plan)
     argv = list(spec.argv)
-    assert (spec.name, spec.profile) == ("m/one-copy", "one-copy")
+    assert (spec.name, spec.profile) == ("m/one-process", "one-process")
     assert argv[argv.index("--spec-type") + 1] == "draft-mtp"
     assert argv[argv.index("--spec-draft-n-max") + 1] == "3"
     # n_min is not per request: the process runs with the deepest profile's (none here).
@@ -55,7 +55,7 @@ def test_replicas_each_with_their_own_environment() -> None:
     envs = [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
     m = model(draft_control="per-request", env={"A": "1"}, replica_env=envs)
     specs = model_specs(m, initial_plan(m))
-    assert [s.name for s in specs] == ["m/one-copy#1", "m/one-copy#2"]
+    assert [s.name for s in specs] == ["m/one-process#1", "m/one-process#2"]
     assert [dict(s.env) for s in specs] == [{"A": "1", **env} for env in envs]
 
 
@@ -151,6 +151,6 @@ def test_describe_plan_of_the_pool_and_the_fallback() -> None:
 def test_backend_specs_follow_the_given_plans() -> None:
     settings = Settings(models=[{"name": "m", "backend": "simulator", "profiles": OFF_MIN_MAX}])
     plans = plans_of(settings)
-    assert [s.name for s in backend_specs(settings, plans)] == ["m/one-copy"]
+    assert [s.name for s in backend_specs(settings, plans)] == ["m/one-process"]
     plans["m"] = resolve_auto(settings.models[0], "ignored", True, "")
     assert [s.name for s in backend_specs(settings, plans)] == ["m/off", "m/min", "m/max"]

@@ -21,7 +21,7 @@ class Clock:
         return self.now
 
 
-def route(backend: str = "m/one-copy", profile: str = "max", depth: int | None = 3) -> Route:
+def route(backend: str = "m/one-process", profile: str = "max", depth: int | None = 3) -> Route:
     fake = SimpleNamespace(
         backend=SimpleNamespace(name=backend),
         profile=profile,
@@ -35,7 +35,7 @@ def route(backend: str = "m/one-copy", profile: str = "max", depth: int | None =
 
 def observation(speed: float = 50.0, drafted: int = 10, accepted: int = 8) -> Observation:
     return Observation(
-        backend="m/one-copy",
+        backend="m/one-process",
         profile="max",
         request_class=RequestClass("<4k", "code"),
         context_tokens=900,
@@ -80,16 +80,16 @@ def test_a_finished_request_keeps_what_the_page_shows() -> None:
         True,
     )
     assert (row.backend, row.request_class, row.profile, row.depth) == (
-        "m/one-copy",
+        "m/one-process",
         "<4k/code@2",
         "max",
         3,
     )
-    assert (row.reason, row.detail) == ("busy", "busy epoch of m/one-copy at max")
+    assert (row.reason, row.detail) == ("busy", "busy epoch of m/one-process at max")
     assert (row.prompt_tokens, row.cached_tokens, row.output_tokens) == (900, 800, 120)
     assert (row.drafted, row.accepted, row.decode_tok_s, row.ttft_s) == (10, 8, 50.0, 0.2)
     assert row.session == "a-very-long-sess"  # the first 16 characters
-    assert recent.last_of_backend == {"m/one-copy": row}
+    assert recent.last_of_backend == {"m/one-process": row}
 
 
 def test_the_ring_keeps_the_newest_and_reads_after_a_sequence_number() -> None:

@@ -190,7 +190,7 @@ def test_seeded_draws_of_a_request_do_not_depend_on_earlier_decisions() -> None:
 
 def _one_process_router(settings: RoutingSettings, *, mixed: bool = False) -> Router:
     live = LiveBackends()
-    spec = BackendSpec("m/one-copy", "m", "one-copy", ("x",))
+    spec = BackendSpec("m/one-process", "m", "one-process", ("x",))
     live.update(spec, BackendState.READY, "http://127.0.0.1:1", slots=4)
     router = Router(settings, live, rng=random.Random(0))
     router.per_request["m"] = PerRequestModel({"off": 0, "min": 2, "max": 3}, mixed)
@@ -203,7 +203,7 @@ def test_one_process_routes_a_depth_and_what_decodes_there_fixes_the_next() -> N
     first = router.route("m", _features("a"), exclude=())
     assert first is not None
     assert (first.backend.name, first.profile, first.depth, first.level) == (
-        "m/one-copy",
+        "m/one-process",
         "max",
         3,
         1,
@@ -268,12 +268,12 @@ def test_the_load_at_its_end_is_read_when_it_ended_not_when_it_is_learned() -> N
 def test_one_process_remembers_its_recent_concurrency() -> None:
     settings = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0)
     router = _one_process_router(settings)
-    backend = router.backends.get("m/one-copy")
-    assert backend is not None and "m/one-copy" not in router.loads
+    backend = router.backends.get("m/one-process")
+    assert backend is not None and "m/one-process" not in router.loads
     for n in range(3):
         backend.in_flight = n  # n others decoding when each arrives
         assert router.route("m", _features(f"s{n}"), exclude=()) is not None
-    assert 1.0 < router.loads["m/one-copy"].load < 3.0
+    assert 1.0 < router.loads["m/one-process"].load < 3.0
     backend.in_flight = 0
     idle = router.route("m", _features("later"), exclude=())
     assert idle is not None and idle.level == 1  # decays: one busy moment is not a burst

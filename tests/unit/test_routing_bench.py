@@ -245,7 +245,7 @@ async def test_the_reference_takes_per_class_and_load_the_best_static_in_hindsig
     assert hindsight(runs, classes).table[("64k+/code", "2-3")] == "max"
 
 
-@pytest.mark.parametrize("topology", ["one-copy", "pool"])
+@pytest.mark.parametrize("topology", ["one-process", "pool"])
 @pytest.mark.parametrize("policy", ["static:max", "adaptive", "pool"])
 def test_topologies_are_valid_proxy_configs(topology: str, policy: str, tmp_path: Path) -> None:
     if policy == "pool" and topology == "pool":
@@ -254,7 +254,7 @@ def test_topologies_are_valid_proxy_configs(topology: str, policy: str, tmp_path
     path = tmp_path / "config.toml"
     path.write_text(tomli_w.dumps(config))
     model = load_settings(path).models[0]
-    one_process = topology == "one-copy" and policy != "pool"
+    one_process = topology == "one-process" and policy != "pool"
     assert model.draft_control == ("per-request" if one_process else "per-process")
     assert [p.name for p in model.profiles] == (
         ["max"] if topology == "pool" and policy.startswith("static:") else ["off", "min", "max"]
@@ -392,7 +392,7 @@ def test_perfect_choice_estimates_from_the_static_runs() -> None:
     assert (est["requests"], est["short_outputs"]) == (6, 3)
 
 
-def test_the_one_copy_relearn_report_says_after_how_many_code_requests() -> None:
+def test_the_one_process_relearn_report_says_after_how_many_code_requests() -> None:
     trace = trace_gen.relearn_trace()
     changed = sorted(trace_gen.changed_requests(trace))
     rows = [(i, 1, 100, 1.0) for i in changed]
@@ -405,7 +405,7 @@ def test_the_one_copy_relearn_report_says_after_how_many_code_requests() -> None
     ]  # fmt: skip
     run.events = [{"event": "request", "request_id": f"{i:08x}"} for i in changed[:2]]
     run.events.append({"event": "class_changed", "class": "<4k/code@1"})
-    report = relearn_report(trace, {"adaptive": run}, "one-copy")
+    report = relearn_report(trace, {"adaptive": run}, "one-process")
     assert report["collapsed_profile"] == "min/max"
     adaptive = report["adaptive"]
     assert adaptive["detected_after"] == 2
@@ -425,7 +425,7 @@ def test_the_one_copy_relearn_report_says_after_how_many_code_requests() -> None
         ([("off", "busy"), ("off", "rule")], None),
     ],
 )
-def test_one_copy_relearning_counts_the_busy_epochs(
+def test_one_process_relearning_counts_the_busy_epochs(
     routes: list[tuple[str, str]], relearned: int | None
 ) -> None:
     trace = trace_gen.relearn_trace()
@@ -436,7 +436,7 @@ def test_one_copy_relearning_counts_the_busy_epochs(
                 None, None, profile, reason, "b", 1)
         for n, (o, (profile, reason)) in enumerate(zip(run.outcomes, routes, strict=True))
     ]  # fmt: skip
-    report = relearn_report(trace, {"adaptive": run}, "one-copy")
+    report = relearn_report(trace, {"adaptive": run}, "one-process")
     assert report["adaptive"]["relearned_after"] == relearned
 
 

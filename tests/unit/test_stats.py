@@ -304,7 +304,7 @@ def test_load_levels_are_kept_apart_and_survive_a_restart(tmp_path: Path) -> Non
 
 def _obs_for_levels(speed: float) -> Observation:
     return Observation(
-        backend="m/one-copy",
+        backend="m/one-process",
         profile="max",
         request_class=RequestClass("<4k", "prose"),
         context_tokens=500,
@@ -389,7 +389,7 @@ def many_cells(models: int) -> LearnedStats:
                 for profile in ("off", "min", "max"):
                     cls = RequestClass(bucket, "code")
                     stats.observe(cls, profile, obs(30.0 + m), model=f"m{m}", level=level)
-                    busy = stats.busy.setdefault(f"m{m}/one-copy", BusyDepths())
+                    busy = stats.busy.setdefault(f"m{m}/one-process", BusyDepths())
                     busy.observe(cls, level, profile, 30.0 + m, 1.0, 0.9)
     return stats
 

@@ -204,7 +204,7 @@ PROCESS: dict[str, object] = {"spec_type": "draft-mtp", "n_max": 3, "n_min": Non
 def _served(shape: str) -> ServedModel:
     return ServedModel(
         name="m", backend="llama-server", context=100_000, shape=shape, decided=True,
-        start_depth=3, profiles=PROFILES, processes={"m/one-copy": PROCESS}, backends=["m/x"],
+        start_depth=3, profiles=PROFILES, processes={"m/one-process": PROCESS}, backends=["m/x"],
     )  # fmt: skip
 
 
