@@ -198,10 +198,11 @@ class BackendsCollector(Collector):
         yield from (collapsed, speed)
 
     def _learned_metrics(self) -> Iterator[Metric]:
-        labels = ["model", "request_class", "profile"]
+        labels = ["model", "request_class", "load_level", "profile"]
         speed = GaugeMetricFamily(
             "mtp_proxy_learned_decode_tokens_per_second",
-            "Learned decode speed per request class and profile.",
+            "Learned decode speed per request class, load level (the requests decoding "
+            "together it was measured at: 1, 2 for 2-3, 4 for 4+; any on a pool) and profile.",
             labels=labels,
         )
         acceptance = GaugeMetricFamily(
@@ -215,7 +216,7 @@ class BackendsCollector(Collector):
             labels=labels,
         )
         for row in self._state.router.learned_rows():
-            values = [row.model, row.request_class, row.profile]
+            values = [row.model, row.request_class, row.load_level, row.profile]
             # No estimate yet (e.g. acceptance of a profile that never drafts): no series, not NaN.
             for family, value in ((speed, row.decode_tok_s), (acceptance, row.acceptance)):
                 if not math.isnan(value):

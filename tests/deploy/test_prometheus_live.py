@@ -405,7 +405,7 @@ def test_mtp_panels_show_the_profiles_that_served(
     assert labels_of(prometheus, acceptance, "profile") == DRAFTING, prometheus.query(acceptance)
     (by_class,) = panel_exprs("Draft acceptance by profile and request class")
     assert labels_of(prometheus, by_class, "profile") == DRAFTING, prometheus.query(by_class)
-    for expr in panel_exprs("Decode speed by profile"):
+    for expr in panel_exprs("Decode speed by profile and load level"):
         assert labels_of(prometheus, expr, "profile") >= SERVED
     (mix,) = panel_exprs("Routing mix by reason and profile")
     routed = {(s["metric"]["reason"], s["metric"]["profile"]) for s in prometheus.query(mix)}
@@ -475,17 +475,21 @@ def test_the_mtp_questions_are_answered(scraped: tuple[Prometheus, ProxyProcess]
     # Whether drafting pays: each drafting profile's learned speed over off's, class by class.
     speedup, _ = panel_exprs("Speedup against off (learned)")
     learned = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)[1]["learned"]
-    speed = {(r["model"], r["request_class"], r["profile"]): r["decode_tok_s"] for r in learned}
+    speed = {
+        (r["model"], r["request_class"], r["load_level"], r["profile"]): r["decode_tok_s"]
+        for r in learned
+    }
     rows = prometheus.query(speedup)
     assert {s["metric"]["profile"] for s in rows} == DRAFTING
     assert {s["metric"]["model"] for s in rows} == {"mtp-demo", AGENT}
-    assert any("@" in s["metric"]["request_class"] for s in rows)  # per load level too
+    # One class format; the load each side was measured at in its own label, the same for both.
+    assert not any("@" in s["metric"]["request_class"] for s in rows)
+    assert {s["metric"]["load_level"] for s in rows if s["metric"]["model"] == AGENT} >= {"1"}
+    assert {s["metric"]["load_level"] for s in rows if s["metric"]["model"] != AGENT} == {"any"}
     for sample in rows:
         m = sample["metric"]
-        expected = (
-            speed[m["model"], m["request_class"], m["profile"]]
-            / speed[m["model"], m["request_class"], "off"]
-        )
+        row = (m["model"], m["request_class"], m["load_level"])
+        expected = speed[(*row, m["profile"])] / speed[(*row, "off")]
         assert math.isclose(float(sample["value"][1]), expected, rel_tol=0.01), (m, expected)
     # Whether the build honours the depth field.
     (control,) = panel_exprs("Draft control per backend")
