@@ -89,6 +89,7 @@ A request, in the order it is served:
 - ``observability.request_log``: a request's id and its logger.
 - ``observability.metrics``: the proxy's Prometheus metrics.
 - ``observability.recent``: the last finished requests and the depth chart, for the live page.
+- ``observability.depth_now``: the depth a backend runs now (decoding, or its last request).
 - ``serving.passthrough``: llama-server's other routes, forwarded or refused.
 
 Beside the requests:

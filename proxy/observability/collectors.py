@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, get_args
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from proxy.observability.depth_now import depth_now
 from proxy.plans.speculation import backend_speculation
 from proxy.routing.now import busy_epochs
 from supervisor.draft_probe import DraftControl
@@ -37,6 +38,7 @@ class BackendsCollector(Collector):
         yield self._speculation_metric()
         yield self._draft_control_metric()
         yield self._busy_depth_metric()
+        yield self._depth_now_metric()
         yield self._late_system_metric()
         yield from self._queue_metrics()
         yield from self._learned_metrics()
@@ -136,6 +138,31 @@ class BackendsCollector(Collector):
         )
         for epoch in busy_epochs(self._state.router).values():
             family.add_metric([epoch.backend, epoch.model], epoch.depth)
+        return family
+
+    def _depth_now_metric(self) -> Metric:
+        family = GaugeMetricFamily(
+            "mtp_proxy_backend_depth",
+            "The draft depth each backend runs now: of the request decoding on it (several at "
+            "different depths: the deepest; source=decoding), else of the last request it "
+            "served (source=last); a pool process runs its profile's (source=pool). Answers on "
+            "a one-slot process too, which is never busy. No series before its first request.",
+            labels=["backend", "model", "source"],
+        )
+        state, router = self._state, self._state.router
+        depths = {
+            m.name: {p.name: m.profile_depth(p) for p in m.profiles} for m in state.settings.models
+        }
+        for backend in state.backends.all():
+            pool = None if backend.model in router.per_request else backend.profile
+            now = depth_now(
+                router.decoding(backend.name),
+                depths.get(backend.model, {}),
+                state.recent.last_of_backend.get(backend.name),
+                pool,
+            )
+            if now is not None:
+                family.add_metric([backend.name, backend.model, now.source], now.depth)
         return family
 
     def _late_system_metric(self) -> Metric:

@@ -510,8 +510,10 @@ class Exchange:
             observation,
             session_key=self.features.session_key,
             own_depth=self.own_depth,
+            client_depth=self.client_depth,
             output_tokens=output_tokens,
             error=error,
+            sent_model=self.features_model if isinstance(self.features_model, str) else None,
         )
 
     def _where(self, route: Route[LiveBackend]) -> dict[str, str]:

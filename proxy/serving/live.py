@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.config.settings import Settings
+from proxy.observability.depth_now import depth_now
 from proxy.observability.recent import Finished, as_json
 from proxy.observability.request_log import LOGGED, request_logger
 from proxy.routing.now import BusyEpoch, busy_epochs
@@ -61,9 +62,11 @@ def depths_view(state: ProxyState) -> dict[str, Any]:
                 "depth": depth,
                 "now": _shown(depth, backend, decoding),
                 "why": why,
+                "depth_now": _depth_now(backend, decoding, one_process, depths, last),
             }
         )
-    return {"profiles": depth_of, "backends": rows, "warnings": warnings(state)}
+    levels = state.settings.routing.concurrency_levels
+    return {"profiles": depth_of, "levels": levels, "backends": rows, "warnings": warnings(state)}
 
 
 def warnings(state: ProxyState) -> list[str]:
@@ -108,6 +111,21 @@ def _now(
             return depths.get(profile), f"{count} decoding; last request: {last.detail}"
         return depths.get(profile), f"{count} decoding at {profile}"
     return None, _not_decoding(backend.in_flight, epoch)
+
+
+def _depth_now(
+    backend: LiveBackend,
+    decoding: Mapping[str, int],
+    one_process: bool,
+    depths: dict[str, int],
+    last: Finished | None,
+) -> dict[str, Any] | None:
+    """What the metric mtp_proxy_backend_depth says of it: the depth decoding now, else the last
+    request's (proxy.observability.depth_now)."""
+    now = depth_now(decoding, depths, last, None if one_process else backend.profile)
+    if now is None:
+        return None
+    return {"depth": now.depth, "source": now.source, "profile": now.profile, "at": now.at}
 
 
 def _shown(depth: int | None, backend: LiveBackend, decoding: Mapping[str, int]) -> str:

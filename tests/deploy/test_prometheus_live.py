@@ -6,7 +6,8 @@ intervals (1 s instead of 15 s, so the test takes seconds) are changed. The prox
 models: `mtp-demo` (a pool of simulated off/min/max plus `bad`,
 tests/support/misbehaving_backend.py, which fails on request), `fragile` (the misbehaving
 backend alone, so its failures have no retry) and `agent` (one simulated process, the depth per
-request: busy epochs, learned speeds per load level).
+request: busy epochs, learned speeds per load level) and `solo` (one simulated process with one
+slot, as `mtp-proxy init` writes for one GPU: never busy, so only the depth now answers there).
 
 Traffic over several scrapes: every API, stream or not, pinned to each profile and unpinned,
 client errors, a 502, a retried failure, a stream cut mid-way, bursts of concurrent requests on
@@ -74,8 +75,8 @@ EMPTY_BY_DESIGN: dict[tuple[str, str, str], str] = {
     "or cut mid-stream (status 200); the 502s were fragile's",
     ("All", "Restarts and crash loops", "B"): "no backend crash-looped (one kill, 5 needed)",
     ("one", "Restarts and crash loops", "B"): "no backend crash-looped (one kill, 5 needed)",
-    ("one", "Depth each process runs now (busy epoch)", "A"): "mtp-demo is a pool: one depth "
-    "per process, no busy epochs (agent's are shown at All)",
+    ("one", "Depth each process runs now", "B"): "mtp-demo is a pool: one depth per process, "
+    "no busy epochs (agent's are shown at All)",
     ("one", "Health-check failures", "A"): "the backend frozen past its health check is "
     "agent's, not mtp-demo's",
     ("one", "Upstream retries and stream failures", "B"): "the streams cut mid-way were "
@@ -83,6 +84,7 @@ EMPTY_BY_DESIGN: dict[tuple[str, str, str], str] = {
 }
 DRAFTING = {"min", "max"}
 AGENT = "agent"  # the model served by one process
+SOLO = "solo"  # one process with one slot (-np 1, what init writes on one GPU): never busy
 SERVED = {"off", "min", "max"}
 
 
@@ -225,9 +227,10 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promethe
             "profiles": [{"name": "bad", "url": bad_url}],
         }
         agent = simulator_model(AGENT, draft_control="per-request", time_scale=50.0)
+        solo = simulator_model(SOLO, draft_control="per-request", time_scale=50.0, slots=1)
         routing = {"clock_scale": 50.0, "exploration_rate": 0.0, "cold_exploration_rate": 0.0}
         config = proxy_config(
-            [demo, fragile, agent],
+            [demo, fragile, agent, solo],
             routing=routing,
             server={"first_byte_timeout_s": 2},
             supervisor={"health_timeout_s": 0.5},
@@ -309,7 +312,11 @@ def agent_burst(proxy: ProxyProcess, size: int = 4) -> list[tuple[str, int]]:
         send(proxy.url, "chat", {**body_for("chat", stream=False), "model": AGENT}, headers=pin)
         for pin in ({}, {"X-MTP-Profile": "off"}, {"X-MTP-Profile": "max"})
     ]
-    return [("agent", s.status) for s in [*sent, *alone]]
+    solo = [  # one at a time: its only slot
+        send(proxy.url, "chat", {**body_for("chat", stream=stream), "model": SOLO})
+        for stream in (False, True)
+    ]
+    return [("agent", s.status) for s in [*sent, *alone, *solo]]
 
 
 def drive(proxy: ProxyProcess) -> None:
@@ -459,17 +466,26 @@ def test_the_variables_list_what_served_requests(scraped: tuple[Prometheus, Prox
         found[variable["name"]] = labels_of(
             prometheus, f"group by ({match.group(2)}) ({selector})", match.group(2)
         )
-    assert found["model"] == {"mtp-demo", "fragile", AGENT}
+    assert found["model"] == {"mtp-demo", "fragile", AGENT, SOLO}
     assert found["profile"] == {"off", "min", "max", "bad"}
 
 
 def test_the_mtp_questions_are_answered(scraped: tuple[Prometheus, ProxyProcess]) -> None:
     prometheus, proxy = scraped
-    # Which depth the one process runs under load: its busy epoch's, as the proxy says.
-    (gauge,) = panel_exprs("Depth each process runs now (busy epoch)")
+    # Which depth each process runs now: the request decoding or the last one, on every
+    # backend, the one-slot process included; as the live page's feed says.
+    now, beside_others = panel_exprs("Depth each process runs now")
     depths = proxy.get_json("/admin/depths", admin_key=ADMIN_KEY)[1]
+    expected = {
+        b["name"]: float(b["depth_now"]["depth"]) for b in depths["backends"] if b["depth_now"]
+    }
+    shown = {s["metric"]["backend"]: float(s["value"][1]) for s in prometheus.query(now)}
+    assert shown == expected, (shown, expected)
+    assert f"{SOLO}/one-copy" in shown and f"{AGENT}/one-copy" in shown
+    assert shown["mtp-demo/max"] == 3.0 and shown["mtp-demo/off"] == 0.0  # a pool's profiles
+    # ... and beside others on the busy process: its busy epoch's, as the proxy says.
     epochs = {b["name"]: b["busy"]["depth"] for b in depths["backends"] if b["busy"]}
-    shown = {s["metric"]["backend"]: float(s["value"][1]) for s in prometheus.query(gauge)}
+    shown = {s["metric"]["backend"]: float(s["value"][1]) for s in prometheus.query(beside_others)}
     assert shown == {name: float(depth) for name, depth in epochs.items()}
     assert set(shown) == {f"{AGENT}/one-copy"}
     # Whether drafting pays: each drafting profile's learned speed over off's, class by class.

@@ -14,7 +14,7 @@
 
   const page = {
     key: null, after: 0, rows: [], tick: 0, timer: null, session: null,
-    profiles: {}, shapes: {}, updates: 0, generation: 0,
+    profiles: {}, levels: [1], shapes: {}, updates: 0, generation: 0,
   };
 
   const $ = (selector) => document.querySelector(selector);
@@ -68,6 +68,18 @@
   function depthOf(model, profile) {
     const depths = page.profiles[model] || {};
     return profile in depths ? depths[profile] : null;
+  }
+
+  // A load level in words: the requests decoding together a figure was measured at.
+  function loadWords(level) {
+    if (level === null || level === undefined) return "–";
+    if (level === 0 || level === "any") return "any load (pool)";
+    const levels = page.levels;
+    const n = Number(level);
+    if (n <= 1) return "alone";
+    const next = levels.find((l) => l > n);
+    if (next === undefined) return `${n}+ decoding`;
+    return next - 1 === n ? `${n} decoding` : `${n}-${next - 1} decoding`;
   }
 
   function colourOf(depth) {
@@ -150,6 +162,7 @@
       ]);
       if (generation !== page.generation) return; // the key changed meanwhile
       page.profiles = depths.profiles;
+      page.levels = depths.levels || [1];
       page.shapes = Object.fromEntries(depths.backends.map((b) => [b.name, b]));
       renderBackends(backends.backends);
       renderDepths(depths.backends);
@@ -257,16 +270,28 @@
           el("small", { text: b.last.detail || "" })));
       }
       const depth = typeof b.depth === "number" ? String(b.depth) : "–";
-      const big = b.now;  // the depth, or mixed, prompt or idle: the proxy's word for it
-      return el("div", { class: "card", data: { backend: b.name, depth } },
+      // The depth decoding now, else the last request's (a one-slot process is never busy):
+      // the metric mtp_proxy_backend_depth's figure. The proxy's word where it has none yet.
+      const now = b.depth_now;
+      const big = now ? String(now.depth) : b.now;
+      return el("div", { class: "card", data: { backend: b.name, depth,
+        depthNow: now ? String(now.depth) : "", depthSource: now ? now.source : "" } },
         el("div", {},
           el("span", { class: "big", text: big }),
           el("strong", { text: b.name }),
+          now ? el("small", { class: "now-source", text: nowWords(now) }) : null,
           el("small", { text: b.shape === "pool" ? `pool process: ${b.profile}` :
             `one process · ${count(b.in_flight)} of ${count(b.slots)} slots in use` })),
         lines);
     });
     $("#depths .cards").replaceChildren(...cards);
+  }
+
+  function nowWords(now) {
+    if (now.source === "decoding") return `depth ${now.depth} (${now.profile}): decoding now`;
+    if (now.source === "pool") return `depth ${now.depth}: this pool process runs ${now.profile}`;
+    return `depth ${now.depth} (${now.profile}): its last request, ${ago(now.at)}; ` +
+      "nothing decodes now";
   }
 
   // --- recent requests -----------------------------------------------------------------------
@@ -417,17 +442,22 @@
     $("#chart-window").textContent =
       `last ${Math.round(chart.window_s / 60)} minutes, one point per ${chart.step_s} s`;
     const models = [...new Set(chart.lines.map((l) => l.model))];
+    // One line per depth and load level: a depth measured beside others is another line than
+    // the same depth alone, dashed by level, and the legend says which.
+    const levels = [...new Set(chart.lines.map((l) => l.level))].sort((a, b) => a - b);
     const legend = chart.lines.map((line) => {
       const item = el("span", {
+        data: { profile: line.profile, level: String(line.level) },
         text: `${models.length > 1 ? line.model + " · " : ""}${line.profile} (depth ` +
-          `${count(line.depth)})`,
+          `${count(line.depth)}), ${loadWords(line.level)}`,
       });
       item.style.setProperty("--swatch", colourOf(line.depth));
       return item;
     });
     $("#chart .legend").replaceChildren(...legend);
     const style = (line) => ({
-      colour: colourOf(line.depth), dash: DASHES[models.indexOf(line.model) % DASHES.length],
+      colour: colourOf(line.depth),
+      dash: DASHES[(levels.indexOf(line.level) + models.indexOf(line.model)) % DASHES.length],
     });
     plot($("#speed-plot"), chart.lines, "decode_tok_s", from, now, 170, null,
       (v) => v.toFixed(0), "tok/s", style);
@@ -471,8 +501,8 @@
         "stroke-width": 2, "stroke-dasharray": dash }));
       for (const p of points) {
         const dot = svg("circle", { cx: x(p.at), cy: y(p[key]), r: 2.6, fill: colour });
-        dot.append(svg("title", {}, `${line.profile} at ${clock(p.at)}: ${label(p[key])}` +
-          ` (${p.requests} requests)`));
+        dot.append(svg("title", {}, `${line.profile}, ${loadWords(line.level)}, at ` +
+          `${clock(p.at)}: ${label(p[key])} (${p.requests} requests)`));
         parts.push(dot);
       }
     }
