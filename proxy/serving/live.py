@@ -1,5 +1,6 @@
 """The read-only views behind the live page (/ui/) and `mtp-proxy status`: the depth each process
-runs now and why, the recent requests and the chart of speed and acceptance per depth.
+runs now and why, the recent requests, the chart of speed and acceptance per depth, and
+whether drafting pays (proxy.serving.verdict).
 
 Built when an admin endpoint is read (proxy.serving.admin), from objects that exist anyway: the live
 backends (what decodes now), the router's busy epochs (proxy.routing.now) and the ring of
@@ -19,6 +20,7 @@ from proxy.observability.recent import Finished, as_json
 from proxy.observability.request_log import LOGGED, request_logger
 from proxy.routing.now import BusyEpoch, busy_epochs
 from proxy.serving.backends import LiveBackend
+from proxy.serving.verdict import drafting_view
 from proxy.state import STATE, ProxyState
 
 MAX_ROWS = 1000
@@ -175,6 +177,18 @@ def chart_view(state: ProxyState) -> dict[str, Any]:
     for line in chart["lines"]:
         line["depth"] = depth_of.get(line["model"], {}).get(line["profile"])
     return chart
+
+
+def drafting(state: ProxyState) -> dict[str, Any]:
+    """Does drafting pay: per process serving per-request depths, its start-up calibration's
+    verdict per load level with the learned comparisons of that level beside it
+    (proxy.serving.verdict)."""
+    router = state.router
+    models = {b.name: b.model for b in state.backends.all()}
+    levels = state.settings.routing.concurrency_levels
+    depths = profile_depths(state.settings)
+    rows = drafting_view(router.calibrated, models, depths, router.stats.table(), levels)
+    return {"backends": rows}
 
 
 def quiet_read(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:

@@ -77,6 +77,11 @@ EMPTY_BY_DESIGN: dict[tuple[str, str, str], str] = {
     ("one", "Restarts and crash loops", "B"): "no backend crash-looped (one kill, 5 needed)",
     ("one", "Depth each process runs now", "B"): "mtp-demo is a pool: one depth per process, "
     "no busy epochs (agent's are shown at All)",
+    **{
+        ("one", "Does drafting pay? Start-up calibration", ref): "mtp-demo is a pool: no "
+        "start-up calibration (agent's and solo's are shown at All)"
+        for ref in "ABCD"
+    },
     ("one", "Health-check failures", "A"): "the backend frozen past its health check is "
     "agent's, not mtp-demo's",
     ("one", "Upstream retries and stream failures", "B"): "the streams cut mid-way were "
@@ -507,6 +512,23 @@ def test_the_mtp_questions_are_answered(scraped: tuple[Prometheus, ProxyProcess]
         row = (m["model"], m["request_class"], m["load_level"])
         expected = speed[(*row, m["profile"])] / speed[(*row, "off")]
         assert math.isclose(float(sample["value"][1]), expected, rel_tol=0.01), (m, expected)
+    # Whether drafting pays, from the first minute: each process's start-up calibration per
+    # load, depth 0 and the deepest side by side, the one-slot process's alone.
+    off, deep, ratio, _ = panel_exprs("Does drafting pay? Start-up calibration")
+    drafting = proxy.get_json("/admin/drafting", admin_key=ADMIN_KEY)[1]["backends"]
+    measured = {
+        (b["backend"], str(level["measured_load"])): level
+        for b in drafting
+        for level in b["levels"]
+    }
+    assert {backend for backend, _ in measured} == {f"{AGENT}/one-copy", f"{SOLO}/one-copy"}
+    assert {load for backend, load in measured if backend == f"{SOLO}/one-copy"} == {"1"}
+    for expr, key in ((off, "off_tok_s"), (deep, "deep_tok_s"), (ratio, "ratio")):
+        rows = prometheus.query(expr)
+        shown = {(s["metric"]["backend"], s["metric"]["load"]): float(s["value"][1]) for s in rows}
+        assert set(measured) <= set(shown), (expr, shown)
+        for row, level in measured.items():
+            assert math.isclose(shown[row], level[key], rel_tol=0.01), (expr, row, level)
     # Whether the build honours the depth field.
     (control,) = panel_exprs("Draft control per backend")
     found = {s["metric"]["backend"]: s["metric"]["control"] for s in prometheus.query(control)}

@@ -224,6 +224,34 @@ def test_busy_depth_metric_is_the_epochs_depth(proxy: ProxyProcess, sent: list[S
     assert now == [(labels, float(row["depth_now"]["depth"]))]
 
 
+def test_drafting_verdict_is_the_calibration_load_by_load(
+    proxy: ProxyProcess, sent: list[Sent]
+) -> None:
+    """Whether drafting pays, before anything was learned at a load: the start-up
+    calibration's speeds at depth 0 and the deepest, both of one load, their ratio, its
+    verdict; the learned comparisons beside each are of that same load only."""
+    status, answer = get(proxy, "/admin/drafting")
+    assert status == 200
+    (row,) = answer["backends"]
+    assert (row["backend"], row["model"], row["deepest"]) == (BACKEND, MODEL, 3)
+    _, routing = get(proxy, "/admin/routing")
+    cells = {(c["load"], c["depth"]): c["tok_s"] for c in routing["calibration"][BACKEND]["cells"]}
+    assert [level["measured_load"] for level in row["levels"]] == [1, 2, 4]
+    assert [level["words"] for level in row["levels"]] == ["alone", "2-3 decoding", "4+ decoding"]
+    for level in row["levels"]:
+        load = level["measured_load"]
+        assert (level["off_tok_s"], level["deep_tok_s"]) == (cells[load, 0], cells[load, 3])
+        assert level["ratio"] == pytest.approx(cells[load, 3] / cells[load, 0], abs=1e-3)
+        assert level["pays"] == (level["ratio"] > 1)
+        said = "drafting pays" if level["pays"] else "off wins"
+        assert f"{level['words']}, {said}: depth 3 decodes {level['ratio']:.2f}x" in row["verdict"]
+        for learned in level["learned"]:  # off and a depth of one class at this level
+            assert learned["profile"] in ("min", "max") and learned["speedup"] > 0
+    # off and max were each sent alone, one after the other: learned at load 1, beside it.
+    (alone,) = [level for level in row["levels"] if level["level"] == 1]
+    assert {learned["profile"] for learned in alone["learned"]} >= {"max"}
+
+
 def test_chart_has_a_line_per_depth_that_served(proxy: ProxyProcess, sent: list[Sent]) -> None:
     _, chart = get(proxy, "/admin/chart")
     assert chart["step_s"] == 10 and chart["window_s"] == 900

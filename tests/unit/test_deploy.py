@@ -236,6 +236,7 @@ def test_dashboard_shows_what_operators_need(dashboard: dict[str, Any]) -> None:
         "mtp_proxy_backend_health_check_failures_total",
         "mtp_proxy_backend_busy_depth",
         "mtp_proxy_backend_depth",
+        "mtp_proxy_calibration_speed_tokens_per_second",
         "mtp_proxy_backend_draft_control",
         "mtp_proxy_backend_late_system",
     } <= used

@@ -116,6 +116,7 @@
     page.session = null;
     for (const body of document.querySelectorAll("#live tbody")) body.replaceChildren();
     $("#depths .cards").replaceChildren();
+    $("#drafting .verdicts").replaceChildren();
     $("#warnings").hidden = true;
   }
 
@@ -153,12 +154,13 @@
     const slow = page.tick % SLOW_EVERY === 0;
     page.tick += 1;
     try {
-      const [backends, depths, recent, routing, chart] = await Promise.all([
+      const [backends, depths, recent, routing, chart, drafting] = await Promise.all([
         api("backends"),
         api("depths"),
         api(`requests?after=${page.after}&limit=${KEEP_ROWS}`),
         slow ? api("routing") : null,
         slow ? api("chart") : null,
+        slow ? api("drafting") : null,
       ]);
       if (generation !== page.generation) return; // the key changed meanwhile
       page.profiles = depths.profiles;
@@ -173,6 +175,7 @@
         renderLearned(routing.learned);
       }
       if (chart) renderChart(chart);
+      if (drafting) renderDrafting(drafting.backends);
       page.updates += 1;
       document.body.dataset.updates = String(page.updates);
       const ready = backends.backends.filter((b) => b.state === "ready").length;
@@ -237,6 +240,52 @@
         el("td", { class: "wrap", text: b.last_error || "" }));
     });
     $("#backends tbody").replaceChildren(...rows);
+  }
+
+  // --- does drafting pay: the start-up calibration, and the learned rows of the same load ---
+
+  function speedupSpan(ratio) {
+    return el("span", { class: `speedup ${ratio >= 1 ? "up" : "down"}`,
+      text: `×${ratio.toFixed(2)}` });
+  }
+
+  function learnedBeside(level) {
+    if (!level.learned.length) return el("small", { text: "not learned at this load yet" });
+    return level.learned.map((l) => el("div", {
+      class: `learned${l.trusted ? "" : " untrusted"}`,
+      data: { speedup: l.speedup.toFixed(3), profile: l.profile },
+      title: `off ${fixed(l.off_tok_s)} tok/s (${fixed(l.samples[0])} samples), ${l.profile} ` +
+        `${fixed(l.tok_s)} tok/s (${fixed(l.samples[1])} samples)` +
+        (l.trusted ? "" : ": too few samples to be trusted yet"),
+    }, `${l.request_class} ${l.profile} (depth ${l.depth}) `, speedupSpan(l.speedup)));
+  }
+
+  function renderDrafting(rows) {
+    const blocks = rows.map((b) => {
+      const body = b.levels.map((level) => el("tr", { data: { level: String(level.level) } },
+        el("td", { text: level.words }),
+        el("td", { class: "num", text: `${fixed(level.off_tok_s)} tok/s` }),
+        el("td", { class: "num", text: `${fixed(level.deep_tok_s)} tok/s` }),
+        el("td", { class: "num c-speedup", data: { speedup: level.ratio.toFixed(3) } },
+          speedupSpan(level.ratio)),
+        el("td", { class: "c-verdict" }, level.pays ? "drafting pays" : "off wins",
+          el("small", { text: level.cold_role === "rules" ? "first requests: the content rules"
+            : `first requests: ${level.cold_role}` })),
+        el("td", { class: "wrap c-learned" }, learnedBeside(level))));
+      return el("div", { class: "verdict-block", data: { backend: b.backend } },
+        el("p", { class: "verdict" }, el("strong", { text: b.backend }), ": ", b.verdict),
+        el("table", {},
+          el("thead", {}, el("tr", {},
+            el("th", { text: "load" }), el("th", { class: "num", text: "depth 0" }),
+            el("th", { class: "num", text: `depth ${b.deepest}` }),
+            el("th", { class: "num", text: "speedup" }), el("th", { text: "verdict" }),
+            el("th", { text: "learned at the same load (class, depth, speedup against off)" }))),
+          el("tbody", {}, body)),
+        el("small", { text: `calibrated ${b.measured_at ? ago(b.measured_at) : "–"}` +
+          ` on ${b.slots} slot${b.slots === 1 ? "" : "s"}` }));
+    });
+    $("#drafting .verdicts").replaceChildren(...blocks);
+    $("#drafting .empty").hidden = blocks.length > 0;
   }
 
   // --- what the operator must hear: a state file not read whole, a failed save -------------
