@@ -89,6 +89,7 @@ A request, in the order it is served:
 - ``observability.request_log``: a request's id and its logger.
 - ``observability.metrics``: the proxy's Prometheus metrics.
 - ``observability.recent``: the last finished requests and the depth chart, for the live page.
+- ``observability.depth_now``: the depth a backend runs now (decoding, or its last request).
 - ``serving.passthrough``: llama-server's other routes, forwarded or refused.
 
 Beside the requests:
@@ -96,6 +97,8 @@ Beside the requests:
 - ``serving.admin``: the /admin endpoints: backends, restarting one, the routing table, the
   service, the live page's reads.
 - ``serving.live``: those reads: the depth each process runs now and why, requests, the chart.
+- ``serving.verdict``: does drafting pay: the start-up calibration per load level, the learned
+  comparisons of the same load beside it.
 - ``routing.now``: read-only: the busy epoch each process on per-request depths is in, its depth.
 - ``ui.routes``: the live page at /ui/: its static files (proxy/ui/static), no data in them.
 - ``cli.status``: ``mtp-proxy status``: a running proxy's backends, depths and routing, as

@@ -209,11 +209,12 @@ def _mix_table(mix: list[dict[str, Any]]) -> str:
 
 def _learned_table(learned: list[dict[str, Any]]) -> str:
     return _table(
-        ["model", "class", "profile", "acceptance", "decode tok/s", "samples", "trusted"],
+        ["model", "class", "load", "profile", "acceptance", "decode tok/s", "samples", "trusted"],
         [
             [
                 r["model"],
                 r["request_class"],
+                r.get("load_level", "-"),
                 r["profile"],
                 _ratio(r.get("acceptance")),
                 _number(r.get("decode_tok_s")),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, get_args
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from proxy.observability.depth_now import depth_now
 from proxy.plans.speculation import backend_speculation
 from proxy.routing.now import busy_epochs
 from supervisor.draft_probe import DraftControl
@@ -37,6 +38,7 @@ class BackendsCollector(Collector):
         yield self._speculation_metric()
         yield self._draft_control_metric()
         yield self._busy_depth_metric()
+        yield self._depth_now_metric()
         yield self._late_system_metric()
         yield from self._queue_metrics()
         yield from self._learned_metrics()
@@ -138,6 +140,31 @@ class BackendsCollector(Collector):
             family.add_metric([epoch.backend, epoch.model], epoch.depth)
         return family
 
+    def _depth_now_metric(self) -> Metric:
+        family = GaugeMetricFamily(
+            "mtp_proxy_backend_depth",
+            "The draft depth each backend runs now: of the request decoding on it (several at "
+            "different depths: the deepest; source=decoding), else of the last request it "
+            "served (source=last); a pool process runs its profile's (source=pool). Answers on "
+            "a one-slot process too, which is never busy. No series before its first request.",
+            labels=["backend", "model", "source"],
+        )
+        state, router = self._state, self._state.router
+        depths = {
+            m.name: {p.name: m.profile_depth(p) for p in m.profiles} for m in state.settings.models
+        }
+        for backend in state.backends.all():
+            pool = None if backend.model in router.per_request else backend.profile
+            now = depth_now(
+                router.decoding(backend.name),
+                depths.get(backend.model, {}),
+                state.recent.last_of_backend.get(backend.name),
+                pool,
+            )
+            if now is not None:
+                family.add_metric([backend.name, backend.model, now.source], now.depth)
+        return family
+
     def _late_system_metric(self) -> Metric:
         family = GaugeMetricFamily(
             "mtp_proxy_backend_late_system",
@@ -198,10 +225,11 @@ class BackendsCollector(Collector):
         yield from (collapsed, speed)
 
     def _learned_metrics(self) -> Iterator[Metric]:
-        labels = ["model", "request_class", "profile"]
+        labels = ["model", "request_class", "load_level", "profile"]
         speed = GaugeMetricFamily(
             "mtp_proxy_learned_decode_tokens_per_second",
-            "Learned decode speed per request class and profile.",
+            "Learned decode speed per request class, load level (the requests decoding "
+            "together it was measured at: 1, 2 for 2-3, 4 for 4+; any on a pool) and profile.",
             labels=labels,
         )
         acceptance = GaugeMetricFamily(
@@ -215,7 +243,7 @@ class BackendsCollector(Collector):
             labels=labels,
         )
         for row in self._state.router.learned_rows():
-            values = [row.model, row.request_class, row.profile]
+            values = [row.model, row.request_class, row.load_level, row.profile]
             # No estimate yet (e.g. acceptance of a profile that never drafts): no series, not NaN.
             for family, value in ((speed, row.decode_tok_s), (acceptance, row.acceptance)):
                 if not math.isnan(value):

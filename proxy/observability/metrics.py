@@ -65,8 +65,10 @@ class ProxyMetrics:
         )
         self.decode_speed = Histogram(
             p + "decode_tokens_per_second",
-            "Decode speed per request, by model, profile and request class.",
-            ["model", "profile", "request_class"],
+            "Decode speed per request, by model, profile, request class and load level (the "
+            "requests decoding together it was routed at: 1, 2 for 2-3, 4 for 4+; any on a "
+            "pool): a speed is compared with another of its own load only.",
+            ["model", "profile", "request_class", "load_level"],
             buckets=_SPEED_BUCKETS,
             registry=registry,
         )
@@ -155,13 +157,16 @@ class ProxyMetrics:
         self.count_request(model, api, UNROUTED, UNROUTED, status)
         self.latency.labels(model, api, UNROUTED).observe(elapsed_s)
 
-    def record_observation(self, model: str, profile: str, observation: Observation) -> None:
-        """Token, speed and acceptance series of one served request."""
+    def record_observation(
+        self, model: str, profile: str, observation: Observation, load_level: str
+    ) -> None:
+        """Token, speed and acceptance series of one served request, routed at ``load_level``."""
         label = observation.request_class.label
         if observation.output_tokens:
             self.output_tokens.labels(model, profile).inc(observation.output_tokens)
         if observation.decode_tok_s:
-            self.decode_speed.labels(model, profile, label).observe(observation.decode_tok_s)
+            speed = self.decode_speed.labels(model, profile, label, load_level)
+            speed.observe(observation.decode_tok_s)
         drafted, accepted = observation.draft_n, observation.draft_n_accepted
         if drafted and accepted is not None:
             self.draft_tokens.labels(model, profile, label).inc(drafted)

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 class Finished(NamedTuple):
     """One finished request (a tuple: one allocation, fields shared with the objects it came
-    from). ``depth`` is the depth the proxy gave it on one process; None on a pool
-    (its profile is the depth, resolved when read) or when the client set its own."""
+    from). ``depth`` is the depth it ran at on one process (the proxy's, or the client's own
+    where it set one); None on a pool (its profile is the depth, resolved when read) or when
+    the client's own value was no depth."""
 
     seq: int
     at: float  # unix time the answer ended
@@ -51,6 +52,12 @@ class Finished(NamedTuple):
     decode_tok_s: float | None = None
     ttft_s: float | None = None
     error: str | None = None
+    level: int | None = None
+    """The load level it was routed at (1 alone, 2, 4; 0 on a pool: across loads)."""
+    others: int | None = None
+    """The other requests on its backend when it was routed (what made a level above 1)."""
+    sent_model: str | None = None
+    """The model name the client sent, where it is not the served model's (an alias)."""
 
 
 SESSION_CHARS = 16
@@ -59,11 +66,12 @@ SESSION_CHARS = 16
 
 @dataclass(slots=True)
 class _Step:
-    """One chart step: per (model, profile) [requests timed, sum of their decode tok/s,
-    tokens drafted, tokens accepted]."""
+    """One chart step: per (model, profile, load level) [requests timed, sum of their decode
+    tok/s, tokens drafted, tokens accepted]. Per load level: a depth measured beside others is
+    never drawn as one line with the same depth measured alone."""
 
     start: int
-    cells: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    cells: dict[tuple[str, str, int], list[float]] = field(default_factory=dict)
 
 
 class RecentRequests:
@@ -98,16 +106,20 @@ class RecentRequests:
         *,
         session_key: str | None = None,
         own_depth: bool = False,
+        client_depth: int | None = None,
         output_tokens: int | None = None,
         error: str | None = None,
+        sent_model: str | None = None,
     ) -> None:
         """Keep one finished request: routed (``route``) and measured (``observation``) or
-        not; ``output_tokens`` when it was not measured."""
+        not; ``output_tokens`` when it was not measured. ``own_depth``: the client set its
+        depth, ``client_depth`` (None: not a depth)."""
         seq, at = next(self._seq), self._clock()
         session = None if session_key is None else session_key[:SESSION_CHARS]
+        sent = sent_model if sent_model != model else None
         if route is None:
             fields = (seq, at, request_id, api, model, status, elapsed, stream)
-            self.add(Finished(*fields, session=session, error=error))
+            self.add(Finished(*fields, session=session, error=error, sent_model=sent))
             return
         o = observation
         self.add(
@@ -124,7 +136,7 @@ class RecentRequests:
                 session,
                 route.class_label,
                 route.profile,
-                None if own_depth else route.depth,
+                client_depth if own_depth else route.depth,
                 own_depth,
                 route.reason,
                 route.detail,
@@ -136,6 +148,9 @@ class RecentRequests:
                 o.decode_tok_s if o else None,
                 o.ttft_s if o else None,
                 error,
+                route.level,
+                route.in_flight,
+                sent,
             )
         )
 
@@ -154,9 +169,10 @@ class RecentRequests:
         if not steps or steps[-1].start != start:
             steps.append(_Step(start))
         cells = steps[-1].cells
-        cell = cells.get((row.model, profile))
+        key = (row.model, profile, row.level or 0)
+        cell = cells.get(key)
         if cell is None:
-            cell = cells[(row.model, profile)] = [0.0, 0.0, 0.0, 0.0]
+            cell = cells[key] = [0.0, 0.0, 0.0, 0.0]
         if row.decode_tok_s:
             cell[0] += 1.0
             cell[1] += row.decode_tok_s
@@ -175,10 +191,11 @@ class RecentRequests:
             del self.last_of_backend[name]
 
     def chart(self) -> dict[str, Any]:
-        """Per (model, profile), the points of the window: the step's start, the mean decode
-        tok/s of its requests and the token-weighted acceptance (None where none drafted)."""
+        """Per (model, profile, load level: 0 on a pool), the points of the window: the step's
+        start, the mean decode tok/s of its requests and the token-weighted acceptance (None
+        where none drafted)."""
         since = self._clock() - self.window_s
-        lines: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        lines: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
         for step in self._steps:
             if step.start < since:
                 continue
@@ -195,8 +212,8 @@ class RecentRequests:
             "step_s": self.step_s,
             "window_s": self.window_s,
             "lines": [
-                {"model": model, "profile": profile, "points": points}
-                for (model, profile), points in sorted(lines.items())
+                {"model": model, "profile": profile, "level": level, "points": points}
+                for (model, profile, level), points in sorted(lines.items())
             ],
         }
 

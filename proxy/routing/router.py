@@ -38,6 +38,8 @@ from proxy.routing.stats import LearnedStats
 from proxy.routing.telemetry import Observation, ParsedUsage, SpecCounters, make_observation
 from proxy.routing.views import B_co, Backends, BackendView
 
+LEVEL_ANY = "any"
+"""The load level of what a pool learned (its processes learn across loads)."""
 CLIENT_PROFILE = "client"
 """The label of a request that set a depth of its own that no profile has."""
 V = TypeVar("V", bound=BackendView)
@@ -85,6 +87,10 @@ class Outcome(Generic[B_co]):
 class LearnedRow:
     model: str
     request_class: str
+    """The class alone (``<4k/code``); its load level is ``load_level``."""
+    load_level: str
+    """The requests decoding together it was measured at (1, 2, 4: 2-3, 4+), or ``any`` on a
+    pool, which learns across loads."""
     profile: str
     decode_tok_s: float
     acceptance: float
@@ -462,7 +468,8 @@ class Router(Generic[V]):
         return [
             LearnedRow(
                 model=str(row["model"]),
-                request_class=str(row["class"]),
+                request_class=f"{row['bucket']}/{row['kind']}",
+                load_level=str(row["level"] or LEVEL_ANY),
                 profile=str(row["profile"]),
                 decode_tok_s=_number(row["decode_tok_s"]),
                 acceptance=_number(row["acceptance"]),
@@ -476,7 +483,16 @@ class Router(Generic[V]):
             {"model": model, "profile": profile, "reason": reason, "count": count}
             for (model, profile, reason), count in sorted(self.mix.items())
         ]
-        learned = [{**row, "request_class": row["class"]} for row in self.stats.table()]
+        # The class and its load level apart, as the metrics label them; "class" keeps both
+        # in one word ("<4k/code@2"), the form tune and the learned file speak.
+        learned = [
+            {
+                **row,
+                "request_class": f"{row['bucket']}/{row['kind']}",
+                "load_level": str(row["level"] or LEVEL_ANY),
+            }
+            for row in self.stats.table()
+        ]
         return {
             "mix": mix,
             "learned": learned,

@@ -1,6 +1,6 @@
 """Admin endpoints: backends (state, speculative type, restarts, ...), restarting one, the
 learned routing table, what the service runs (for `mtp-proxy tune --url`), and the live page's
-reads: the depth each process runs now, recent requests, the depth chart.
+reads: the depth each process runs now, recent requests, the depth chart, whether drafting pays.
 
 Disabled (404) unless an admin key is configured; then every call must present it. Every
 answer is strict JSON (``strict_json``): a number gone NaN or infinite is null.
@@ -36,6 +36,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/depths", depths, expect_handler=expect_handler)
     app.router.add_get("/admin/requests", requests, expect_handler=expect_handler)
     app.router.add_get("/admin/chart", chart, expect_handler=expect_handler)
+    app.router.add_get("/admin/drafting", drafting, expect_handler=expect_handler)
 
 
 def strict_json(payload: object, status: int = 200) -> web.Response:
@@ -144,6 +145,16 @@ async def chart(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     state.bookkeeping.flush()
     return live.quiet_read(request, strict_json(live.chart_view(state)))
+
+
+async def drafting(request: web.Request) -> web.StreamResponse:
+    """Does drafting pay: each process's start-up calibration per load level, its verdict, and
+    the learned comparisons of the same load beside it."""
+    if refusal := _refusal(request):
+        return refusal
+    state = request.app[STATE]
+    state.bookkeeping.flush()
+    return live.quiet_read(request, strict_json(live.drafting(state)))
 
 
 async def service(request: web.Request) -> web.Response:

@@ -17,7 +17,7 @@ from proxy.apis import CLIENT_CLOSED, DEPTH_KEY, Api, dialect_of
 from proxy.compat.request import Chained, RequestMends, Rewriter
 from proxy.observability.request_log import LOGGED, request_id, request_logger
 from proxy.routing.depth_clock import DepthRecord
-from proxy.routing.router import Outcome, Route
+from proxy.routing.router import LEVEL_ANY, Outcome, Route
 from proxy.routing.telemetry import (
     Observation,
     ParsedUsage,
@@ -412,7 +412,8 @@ class Exchange:
             spec_delta,
         )
         observation = self.state.router.observe(outcome)
-        self.state.metrics.record_observation(self.model, route.profile, observation)
+        level = str(route.level or LEVEL_ANY)
+        self.state.metrics.record_observation(self.model, route.profile, observation, level)
         return observation
 
     def _log(
@@ -509,8 +510,10 @@ class Exchange:
             observation,
             session_key=self.features.session_key,
             own_depth=self.own_depth,
+            client_depth=self.client_depth,
             output_tokens=output_tokens,
             error=error,
+            sent_model=self.features_model if isinstance(self.features_model, str) else None,
         )
 
     def _where(self, route: Route[LiveBackend]) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """The read-only views behind the live page (/ui/) and `mtp-proxy status`: the depth each process
-runs now and why, the recent requests and the chart of speed and acceptance per depth.
+runs now and why, the recent requests, the chart of speed and acceptance per depth, and
+whether drafting pays (proxy.serving.verdict).
 
 Built when an admin endpoint is read (proxy.serving.admin), from objects that exist anyway: the live
 backends (what decodes now), the router's busy epochs (proxy.routing.now) and the ring of
@@ -14,10 +15,12 @@ from typing import Any
 from aiohttp import web
 
 from proxy.config.settings import Settings
+from proxy.observability.depth_now import depth_now
 from proxy.observability.recent import Finished, as_json
 from proxy.observability.request_log import LOGGED, request_logger
 from proxy.routing.now import BusyEpoch, busy_epochs
 from proxy.serving.backends import LiveBackend
+from proxy.serving.verdict import drafting_view
 from proxy.state import STATE, ProxyState
 
 MAX_ROWS = 1000
@@ -61,9 +64,11 @@ def depths_view(state: ProxyState) -> dict[str, Any]:
                 "depth": depth,
                 "now": _shown(depth, backend, decoding),
                 "why": why,
+                "depth_now": _depth_now(backend, decoding, one_process, depths, last),
             }
         )
-    return {"profiles": depth_of, "backends": rows, "warnings": warnings(state)}
+    levels = state.settings.routing.concurrency_levels
+    return {"profiles": depth_of, "levels": levels, "backends": rows, "warnings": warnings(state)}
 
 
 def warnings(state: ProxyState) -> list[str]:
@@ -108,6 +113,21 @@ def _now(
             return depths.get(profile), f"{count} decoding; last request: {last.detail}"
         return depths.get(profile), f"{count} decoding at {profile}"
     return None, _not_decoding(backend.in_flight, epoch)
+
+
+def _depth_now(
+    backend: LiveBackend,
+    decoding: Mapping[str, int],
+    one_process: bool,
+    depths: dict[str, int],
+    last: Finished | None,
+) -> dict[str, Any] | None:
+    """What the metric mtp_proxy_backend_depth says of it: the depth decoding now, else the last
+    request's (proxy.observability.depth_now)."""
+    now = depth_now(decoding, depths, last, None if one_process else backend.profile)
+    if now is None:
+        return None
+    return {"depth": now.depth, "source": now.source, "profile": now.profile, "at": now.at}
 
 
 def _shown(depth: int | None, backend: LiveBackend, decoding: Mapping[str, int]) -> str:
@@ -157,6 +177,18 @@ def chart_view(state: ProxyState) -> dict[str, Any]:
     for line in chart["lines"]:
         line["depth"] = depth_of.get(line["model"], {}).get(line["profile"])
     return chart
+
+
+def drafting(state: ProxyState) -> dict[str, Any]:
+    """Does drafting pay: per process serving per-request depths, its start-up calibration's
+    verdict per load level with the learned comparisons of that level beside it
+    (proxy.serving.verdict)."""
+    router = state.router
+    models = {b.name: b.model for b in state.backends.all()}
+    levels = state.settings.routing.concurrency_levels
+    depths = profile_depths(state.settings)
+    rows = drafting_view(router.calibrated, models, depths, router.stats.table(), levels)
+    return {"backends": rows}
 
 
 def quiet_read(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:

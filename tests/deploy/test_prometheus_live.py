@@ -6,7 +6,8 @@ intervals (1 s instead of 15 s, so the test takes seconds) are changed. The prox
 models: `mtp-demo` (a pool of simulated off/min/max plus `bad`,
 tests/support/misbehaving_backend.py, which fails on request), `fragile` (the misbehaving
 backend alone, so its failures have no retry) and `agent` (one simulated process, the depth per
-request: busy epochs, learned speeds per load level).
+request: busy epochs, learned speeds per load level) and `solo` (one simulated process with one
+slot, as `mtp-proxy init` writes for one GPU: never busy, so only the depth now answers there).
 
 Traffic over several scrapes: every API, stream or not, pinned to each profile and unpinned,
 client errors, a 502, a retried failure, a stream cut mid-way, bursts of concurrent requests on
@@ -74,8 +75,13 @@ EMPTY_BY_DESIGN: dict[tuple[str, str, str], str] = {
     "or cut mid-stream (status 200); the 502s were fragile's",
     ("All", "Restarts and crash loops", "B"): "no backend crash-looped (one kill, 5 needed)",
     ("one", "Restarts and crash loops", "B"): "no backend crash-looped (one kill, 5 needed)",
-    ("one", "Depth each process runs now (busy epoch)", "A"): "mtp-demo is a pool: one depth "
-    "per process, no busy epochs (agent's are shown at All)",
+    ("one", "Depth each process runs now", "B"): "mtp-demo is a pool: one depth per process, "
+    "no busy epochs (agent's are shown at All)",
+    **{
+        ("one", "Does drafting pay? Start-up calibration", ref): "mtp-demo is a pool: no "
+        "start-up calibration (agent's and solo's are shown at All)"
+        for ref in "ABCD"
+    },
     ("one", "Health-check failures", "A"): "the backend frozen past its health check is "
     "agent's, not mtp-demo's",
     ("one", "Upstream retries and stream failures", "B"): "the streams cut mid-way were "
@@ -83,6 +89,7 @@ EMPTY_BY_DESIGN: dict[tuple[str, str, str], str] = {
 }
 DRAFTING = {"min", "max"}
 AGENT = "agent"  # the model served by one process
+SOLO = "solo"  # one process with one slot (-np 1, what init writes on one GPU): never busy
 SERVED = {"off", "min", "max"}
 
 
@@ -225,9 +232,10 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promethe
             "profiles": [{"name": "bad", "url": bad_url}],
         }
         agent = simulator_model(AGENT, draft_control="per-request", time_scale=50.0)
+        solo = simulator_model(SOLO, draft_control="per-request", time_scale=50.0, slots=1)
         routing = {"clock_scale": 50.0, "exploration_rate": 0.0, "cold_exploration_rate": 0.0}
         config = proxy_config(
-            [demo, fragile, agent],
+            [demo, fragile, agent, solo],
             routing=routing,
             server={"first_byte_timeout_s": 2},
             supervisor={"health_timeout_s": 0.5},
@@ -309,7 +317,11 @@ def agent_burst(proxy: ProxyProcess, size: int = 4) -> list[tuple[str, int]]:
         send(proxy.url, "chat", {**body_for("chat", stream=False), "model": AGENT}, headers=pin)
         for pin in ({}, {"X-MTP-Profile": "off"}, {"X-MTP-Profile": "max"})
     ]
-    return [("agent", s.status) for s in [*sent, *alone]]
+    solo = [  # one at a time: its only slot
+        send(proxy.url, "chat", {**body_for("chat", stream=stream), "model": SOLO})
+        for stream in (False, True)
+    ]
+    return [("agent", s.status) for s in [*sent, *alone, *solo]]
 
 
 def drive(proxy: ProxyProcess) -> None:
@@ -405,7 +417,7 @@ def test_mtp_panels_show_the_profiles_that_served(
     assert labels_of(prometheus, acceptance, "profile") == DRAFTING, prometheus.query(acceptance)
     (by_class,) = panel_exprs("Draft acceptance by profile and request class")
     assert labels_of(prometheus, by_class, "profile") == DRAFTING, prometheus.query(by_class)
-    for expr in panel_exprs("Decode speed by profile"):
+    for expr in panel_exprs("Decode speed by profile and load level"):
         assert labels_of(prometheus, expr, "profile") >= SERVED
     (mix,) = panel_exprs("Routing mix by reason and profile")
     routed = {(s["metric"]["reason"], s["metric"]["profile"]) for s in prometheus.query(mix)}
@@ -459,34 +471,64 @@ def test_the_variables_list_what_served_requests(scraped: tuple[Prometheus, Prox
         found[variable["name"]] = labels_of(
             prometheus, f"group by ({match.group(2)}) ({selector})", match.group(2)
         )
-    assert found["model"] == {"mtp-demo", "fragile", AGENT}
+    assert found["model"] == {"mtp-demo", "fragile", AGENT, SOLO}
     assert found["profile"] == {"off", "min", "max", "bad"}
 
 
 def test_the_mtp_questions_are_answered(scraped: tuple[Prometheus, ProxyProcess]) -> None:
     prometheus, proxy = scraped
-    # Which depth the one process runs under load: its busy epoch's, as the proxy says.
-    (gauge,) = panel_exprs("Depth each process runs now (busy epoch)")
+    # Which depth each process runs now: the request decoding or the last one, on every
+    # backend, the one-slot process included; as the live page's feed says.
+    now, beside_others = panel_exprs("Depth each process runs now")
     depths = proxy.get_json("/admin/depths", admin_key=ADMIN_KEY)[1]
+    expected = {
+        b["name"]: float(b["depth_now"]["depth"]) for b in depths["backends"] if b["depth_now"]
+    }
+    shown = {s["metric"]["backend"]: float(s["value"][1]) for s in prometheus.query(now)}
+    assert shown == expected, (shown, expected)
+    assert f"{SOLO}/one-copy" in shown and f"{AGENT}/one-copy" in shown
+    assert shown["mtp-demo/max"] == 3.0 and shown["mtp-demo/off"] == 0.0  # a pool's profiles
+    # ... and beside others on the busy process: its busy epoch's, as the proxy says.
     epochs = {b["name"]: b["busy"]["depth"] for b in depths["backends"] if b["busy"]}
-    shown = {s["metric"]["backend"]: float(s["value"][1]) for s in prometheus.query(gauge)}
+    shown = {s["metric"]["backend"]: float(s["value"][1]) for s in prometheus.query(beside_others)}
     assert shown == {name: float(depth) for name, depth in epochs.items()}
     assert set(shown) == {f"{AGENT}/one-process"}
     # Whether drafting pays: each drafting profile's learned speed over off's, class by class.
     speedup, _ = panel_exprs("Speedup against off (learned)")
     learned = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)[1]["learned"]
-    speed = {(r["model"], r["request_class"], r["profile"]): r["decode_tok_s"] for r in learned}
+    speed = {
+        (r["model"], r["request_class"], r["load_level"], r["profile"]): r["decode_tok_s"]
+        for r in learned
+    }
     rows = prometheus.query(speedup)
     assert {s["metric"]["profile"] for s in rows} == DRAFTING
     assert {s["metric"]["model"] for s in rows} == {"mtp-demo", AGENT}
-    assert any("@" in s["metric"]["request_class"] for s in rows)  # per load level too
+    # One class format; the load each side was measured at in its own label, the same for both.
+    assert not any("@" in s["metric"]["request_class"] for s in rows)
+    assert {s["metric"]["load_level"] for s in rows if s["metric"]["model"] == AGENT} >= {"1"}
+    assert {s["metric"]["load_level"] for s in rows if s["metric"]["model"] != AGENT} == {"any"}
     for sample in rows:
         m = sample["metric"]
-        expected = (
-            speed[m["model"], m["request_class"], m["profile"]]
-            / speed[m["model"], m["request_class"], "off"]
-        )
+        row = (m["model"], m["request_class"], m["load_level"])
+        expected = speed[(*row, m["profile"])] / speed[(*row, "off")]
         assert math.isclose(float(sample["value"][1]), expected, rel_tol=0.01), (m, expected)
+    # Whether drafting pays, from the first minute: each process's start-up calibration per
+    # load, depth 0 and the deepest side by side, the one-slot process's alone.
+    off, deep, ratio, _ = panel_exprs("Does drafting pay? Start-up calibration")
+    drafting = proxy.get_json("/admin/drafting", admin_key=ADMIN_KEY)[1]["backends"]
+    measured = {
+        (b["backend"], str(level["measured_load"])): level
+        for b in drafting
+        for level in b["levels"]
+    }
+    assert {backend for backend, _ in measured} == {f"{AGENT}/one-copy", f"{SOLO}/one-copy"}
+    assert {load for backend, load in measured if backend == f"{SOLO}/one-copy"} == {"1"}
+    for expr, key in ((off, "off_tok_s"), (deep, "deep_tok_s"), (ratio, "ratio")):
+        rows = prometheus.query(expr)
+        shown = {(s["metric"]["backend"], s["metric"]["load"]): float(s["value"][1]) for s in rows}
+        assert set(measured) <= set(shown), (expr, shown)
+        for row, level in measured.items():
+            assert math.isclose(shown[row], level[key], rel_tol=0.01), (expr, row, level)
     # Whether the build honours the depth field.
     (control,) = panel_exprs("Draft control per backend")
     found = {s["metric"]["backend"]: s["metric"]["control"] for s in prometheus.query(control)}

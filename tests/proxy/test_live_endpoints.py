@@ -143,6 +143,14 @@ def test_depth_now_is_the_busy_epoch_and_the_last_request(
     assert row["last"]["depth"] == DEPTH[last.profile]
     assert (row["decoding"], row["depth"], row["now"]) == ([], None, "idle")  # idle now
     assert row["why"].startswith("idle")
+    # Idle, the depth it runs now is its last request's: an answer however busy it was.
+    now = row["depth_now"]
+    assert (now["depth"], now["source"], now["profile"]) == (
+        DEPTH[last.profile],
+        "last",
+        last.profile,
+    )
+    assert now["at"] == row["last"]["at"]
 
 
 def test_depth_now_while_a_request_decodes(proxy: ProxyProcess, sent: list[Sent]) -> None:
@@ -159,6 +167,7 @@ def test_depth_now_while_a_request_decodes(proxy: ProxyProcess, sent: list[Sent]
     (row,) = answer["backends"]
     assert row["decoding"] == [{"profile": "min", "depth": 2, "requests": 1}]
     assert (row["depth"], row["now"]) == (2, "2") and "1 decoding" in row["why"]
+    assert row["depth_now"] == {"depth": 2, "source": "decoding", "profile": "min", "at": None}
 
 
 def test_depth_now_while_a_request_processes_its_prompt(
@@ -204,20 +213,62 @@ def test_busy_depth_metric_is_the_epochs_depth(proxy: ProxyProcess, sent: list[S
     assert [(s.labels, s.value) for s in samples] == [
         ({"backend": BACKEND, "model": MODEL}, float(row["busy"]["depth"]))
     ]
+    # The depth now, as the page's card says it: the last request's, idle.
+    now = [
+        (sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "mtp_proxy_backend_depth"
+    ]
+    labels = {"backend": BACKEND, "model": MODEL, "source": "last"}
+    assert now == [(labels, float(row["depth_now"]["depth"]))]
+
+
+def test_drafting_verdict_is_the_calibration_load_by_load(
+    proxy: ProxyProcess, sent: list[Sent]
+) -> None:
+    """Whether drafting pays, before anything was learned at a load: the start-up
+    calibration's speeds at depth 0 and the deepest, both of one load, their ratio, its
+    verdict; the learned comparisons beside each are of that same load only."""
+    status, answer = get(proxy, "/admin/drafting")
+    assert status == 200
+    (row,) = answer["backends"]
+    assert (row["backend"], row["model"], row["deepest"]) == (BACKEND, MODEL, 3)
+    _, routing = get(proxy, "/admin/routing")
+    cells = {(c["load"], c["depth"]): c["tok_s"] for c in routing["calibration"][BACKEND]["cells"]}
+    assert [level["measured_load"] for level in row["levels"]] == [1, 2, 4]
+    assert [level["words"] for level in row["levels"]] == ["alone", "2-3 decoding", "4+ decoding"]
+    for level in row["levels"]:
+        load = level["measured_load"]
+        assert (level["off_tok_s"], level["deep_tok_s"]) == (cells[load, 0], cells[load, 3])
+        assert level["ratio"] == pytest.approx(cells[load, 3] / cells[load, 0], abs=1e-3)
+        assert level["pays"] == (level["ratio"] > 1)
+        said = "drafting pays" if level["pays"] else "off wins"
+        assert f"{level['words']}, {said}: depth 3 decodes {level['ratio']:.2f}x" in row["verdict"]
+        for learned in level["learned"]:  # off and a depth of one class at this level
+            assert learned["profile"] in ("min", "max") and learned["speedup"] > 0
+    # off and max were each sent alone, one after the other: learned at load 1, beside it.
+    (alone,) = [level for level in row["levels"] if level["level"] == 1]
+    assert {learned["profile"] for learned in alone["learned"]} >= {"max"}
 
 
 def test_chart_has_a_line_per_depth_that_served(proxy: ProxyProcess, sent: list[Sent]) -> None:
     _, chart = get(proxy, "/admin/chart")
     assert chart["step_s"] == 10 and chart["window_s"] == 900
     served = {s.profile for s in sent if s.routed}
-    lines = {line["profile"]: line for line in chart["lines"]}
-    assert set(lines) == served
-    for profile, line in lines.items():
-        assert (line["model"], line["depth"]) == (MODEL, DEPTH[profile])
-        assert sum(p["requests"] for p in line["points"]) == sum(
+    assert {line["profile"] for line in chart["lines"]} == served
+    for profile in served:
+        lines = [line for line in chart["lines"] if line["profile"] == profile]
+        # One line per load level it was measured at: never alone and busy as one line.
+        assert len({line["level"] for line in lines}) == len(lines) and lines
+        assert all(line["level"] >= 1 for line in lines)  # one process: a level each
+        for line in lines:
+            assert (line["model"], line["depth"]) == (MODEL, DEPTH[profile])
+        points = [p for line in lines for p in line["points"]]
+        assert sum(p["requests"] for p in points) == sum(
             1 for s in sent if s.routed and s.profile == profile
         )
-        drafting = [p["acceptance"] for p in line["points"] if p["acceptance"] is not None]
+        drafting = [p["acceptance"] for p in points if p["acceptance"] is not None]
         assert bool(drafting) == (DEPTH[profile] > 0)
 
 

@@ -39,6 +39,7 @@ PROFILES = ("off", "min", "max")
 CLASS = "<4k/prose"  # every request of the mix is a short prose prompt
 SESSION = f"sess-{uuid.uuid4().hex}"
 
+LEARNED_LABELS = {"model", "request_class", "load_level", "profile"}
 # family -> (type, label names without "le")
 FAMILIES = {
     "mtp_proxy_requests": ("counter", {"model", "api", "profile", "request_class", "status"}),
@@ -46,7 +47,10 @@ FAMILIES = {
     "mtp_proxy_time_to_first_token_seconds": ("histogram", {"model", "api", "profile"}),
     "mtp_proxy_proxy_overhead_seconds": ("histogram", {"api"}),
     "mtp_proxy_output_tokens": ("counter", {"model", "profile"}),
-    "mtp_proxy_decode_tokens_per_second": ("histogram", {"model", "profile", "request_class"}),
+    "mtp_proxy_decode_tokens_per_second": (
+        "histogram",
+        {"model", "profile", "request_class", "load_level"},
+    ),
     "mtp_proxy_draft_acceptance_ratio": ("histogram", {"model", "profile", "request_class"}),
     "mtp_proxy_draft_tokens": ("counter", {"model", "profile", "request_class"}),
     "mtp_proxy_draft_accepted_tokens": ("counter", {"model", "profile", "request_class"}),
@@ -69,9 +73,9 @@ FAMILIES = {
         "gauge",
         {"backend", "model", "profile", "spec_type", "draft_model"},
     ),
-    "mtp_proxy_learned_decode_tokens_per_second": ("gauge", {"model", "request_class", "profile"}),
-    "mtp_proxy_learned_acceptance_ratio": ("gauge", {"model", "request_class", "profile"}),
-    "mtp_proxy_learned_samples": ("gauge", {"model", "request_class", "profile"}),
+    "mtp_proxy_learned_decode_tokens_per_second": ("gauge", LEARNED_LABELS),
+    "mtp_proxy_learned_acceptance_ratio": ("gauge", LEARNED_LABELS),
+    "mtp_proxy_learned_samples": ("gauge", LEARNED_LABELS),
 }
 
 Labels = frozenset[tuple[str, str]]
@@ -246,6 +250,8 @@ def test_decode_speed_and_acceptance_histograms(run: Run) -> None:
     timed = Counter((MODEL, x.profile, CLASS) for x in run.sent if x.routed and x.api != "messages")
     keys = ("model", "profile", "request_class")
     assert s.by("mtp_proxy_decode_tokens_per_second_count", *keys) == timed
+    # A pool learns across loads: its speeds are labelled so, never with a level of their own.
+    assert set(s.by("mtp_proxy_decode_tokens_per_second_count", "load_level")) == {("any",)}
     speed = s.total("mtp_proxy_decode_tokens_per_second_sum") / sum(timed.values())
     assert 1 < speed < 100_000
     speculative = [x for x in run.sent if x.draft_n]
@@ -324,11 +330,16 @@ def test_each_backend_says_what_it_drafts_with(run: Run) -> None:
 def test_learned_table_gauges_match_the_admin_view(run: Run) -> None:
     status, routing = run.proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
     assert status == 200
-    rows = {(r["model"], r["request_class"], r["profile"]): r for r in routing["learned"]}
-    assert {p for (_, c, p) in rows if c == CLASS} == set(PROFILES)
+    rows = {
+        (r["model"], r["request_class"], r["load_level"], r["profile"]): r
+        for r in routing["learned"]
+    }
+    assert {p for (_, c, _, p) in rows if c == CLASS} == set(PROFILES)
+    # One class format everywhere: the class alone, its load level in a label of its own.
+    assert all("@" not in c and level == "any" for (_, c, level, _) in rows)  # a pool's
     s = scrape(run.proxy)  # now, as /admin/routing was read (no request is running)
-    for (model, cls, profile), row in rows.items():
-        where = {"model": model, "request_class": cls, "profile": profile}
+    for (model, cls, level, profile), row in rows.items():
+        where = {"model": model, "request_class": cls, "load_level": level, "profile": profile}
         speed = s.series("mtp_proxy_learned_decode_tokens_per_second", **where)
         assert list(speed.values()) == [pytest.approx(row["decode_tok_s"])]
         assert s.total("mtp_proxy_learned_samples", **where) == pytest.approx(row["weight"])
@@ -353,6 +364,7 @@ def test_label_values_are_bounded(run: Run) -> None:
         "late_system": set(get_args(LateSystem)),
         "backend": {f"{MODEL}/{p}" for p in PROFILES},
         "request_class": {CLASS, UNROUTED},
+        "load_level": {"any"},  # a pool's: measured across loads
         "cause": set(CLOSE_CAUSES),
         "spec_type": {"none", "draft-mtp"},
         "draft_model": {""},

@@ -268,6 +268,7 @@ async def test_admin_is_disabled_without_an_admin_key(open_proxy: ProxyProcess) 
             ("GET", "/admin/depths"),
             ("GET", "/admin/requests"),
             ("GET", "/admin/chart"),
+            ("GET", "/admin/drafting"),
             ("POST", "/admin/backends/mtp-demo/off/restart"),
         ):
             async with session.request(

@@ -102,18 +102,19 @@ def test_status_prints_the_three_tables_with_real_numbers(
         share = int(row["requests"]) / len(routed)
         assert row["share"] == f"{share:.0%}"
 
-    learned = {(r["class"], r["profile"]): r for r in table(out, "Learned table")}
+    learned = {(r["class"], r["load"], r["profile"]): r for r in table(out, "Learned table")}
     _, routing = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
-    assert set(learned) == {(r["request_class"], r["profile"]) for r in routing["learned"]}
+    keys = {(r["request_class"], r["load_level"], r["profile"]) for r in routing["learned"]}
+    assert set(learned) == keys
     for row in routing["learned"]:
-        shown = learned[(row["request_class"], row["profile"])]
+        shown = learned[(row["request_class"], row["load_level"], row["profile"])]
         assert shown["decode tok/s"] == f"{row['decode_tok_s']:.1f}"
         assert shown["samples"] == str(row["samples"])
         expected = "-" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
         assert shown["acceptance"] == expected
     for profile in ("min", "max"):  # speculative profiles: a real acceptance, off: none
-        assert re.fullmatch(r"\d+%", learned[("<4k/prose", profile)]["acceptance"])
-    assert learned[("<4k/prose", "off")]["acceptance"] == "-"
+        assert re.fullmatch(r"\d+%", learned[("<4k/prose", "any", profile)]["acceptance"])
+    assert learned[("<4k/prose", "any", "off")]["acceptance"] == "-"
 
 
 def test_status_shows_a_request_in_flight(proxy: ProxyProcess, sent: list[Sent]) -> None:

@@ -235,13 +235,18 @@ def test_dashboard_shows_what_operators_need(dashboard: dict[str, Any]) -> None:
         "mtp_proxy_queued_requests",
         "mtp_proxy_backend_health_check_failures_total",
         "mtp_proxy_backend_busy_depth",
+        "mtp_proxy_backend_depth",
+        "mtp_proxy_calibration_speed_tokens_per_second",
         "mtp_proxy_backend_draft_control",
         "mtp_proxy_backend_late_system",
     } <= used
     learned = [p for p in panels(dashboard) if p["title"] == "Learned routing table"]
     assert [p["type"] for p in learned] == ["table"]
     by_title = {p["title"]: p for p in panels(dashboard)}
-    assert by_title["Depth each process runs now (busy epoch)"]["type"] == "gauge"
+    depth_now = by_title["Depth each process runs now"]
+    assert depth_now["type"] == "gauge"
+    exprs = [promql_metric_names(t["expr"]) for t in depth_now["targets"]]
+    assert exprs == [{"mtp_proxy_backend_depth"}, {"mtp_proxy_backend_busy_depth"}]
     drafted = [t["expr"] for t in by_title["Drafted and accepted tokens/s"]["targets"]]
     assert [promql_metric_names(e) for e in drafted] == [
         {"mtp_proxy_draft_tokens_total"},

@@ -21,14 +21,18 @@ class Clock:
         return self.now
 
 
-def route(backend: str = "m/one-process", profile: str = "max", depth: int | None = 3) -> Route:
+def route(
+    backend: str = "m/one-process", profile: str = "max", depth: int | None = 3, level: int = 2
+) -> Route:
     fake = SimpleNamespace(
         backend=SimpleNamespace(name=backend),
         profile=profile,
         reason="busy",
         detail=f"busy epoch of {backend} at {profile}",
-        class_label="<4k/code@2",
+        class_label="<4k/code",
         depth=depth,
+        level=level,
+        in_flight=level - 1,
     )
     return cast(Route, fake)
 
@@ -64,6 +68,8 @@ def record(recent: RecentRequests, n: int = 1, **overrides: Any) -> None:
             overrides.get("observation", observation()),
             session_key=overrides.get("session_key", "a-very-long-session-key-of-an-agent"),
             own_depth=overrides.get("own_depth", False),
+            client_depth=overrides.get("client_depth"),
+            sent_model=overrides.get("sent_model"),
         )
 
 
@@ -81,10 +87,11 @@ def test_a_finished_request_keeps_what_the_page_shows() -> None:
     )
     assert (row.backend, row.request_class, row.profile, row.depth) == (
         "m/one-process",
-        "<4k/code@2",
+        "<4k/code",
         "max",
         3,
     )
+    assert (row.level, row.others, row.sent_model) == (2, 1, None)
     assert (row.reason, row.detail) == ("busy", "busy epoch of m/one-process at max")
     assert (row.prompt_tokens, row.cached_tokens, row.output_tokens) == (900, 800, 120)
     assert (row.drafted, row.accepted, row.decode_tok_s, row.ttft_s) == (10, 8, 50.0, 0.2)
@@ -121,13 +128,16 @@ def test_appending_takes_no_memory_once_the_ring_is_full() -> None:
 def test_unrouted_and_client_depth_requests() -> None:
     recent = RecentRequests(10, clock=Clock())
     recent.record("x", "chat", "none", 404, 0.001, False, None, None, error="unknown model")
-    record(recent, own_depth=True)
-    refused, own = recent.after(0, 10)
+    record(recent, own_depth=True)  # a value that is no depth
+    record(recent, own_depth=True, client_depth=5, sent_model="claude-haiku-4-5")
+    refused, own, five = recent.after(0, 10)
     assert (refused.profile, refused.backend, refused.error) == (None, None, "unknown model")
-    assert own.client_depth and own.depth is None  # not the router's depth: the client's
+    assert own.client_depth and own.depth is None  # not the router's depth, and not a depth
+    assert five.client_depth and five.depth == 5  # the depth it ran at: the client's own
+    assert (five.sent_model, own.sent_model) == ("claude-haiku-4-5", None)
     depths = {"m": {"off": 0, "max": 3}}
     assert as_json(own, depths)["depth"] is None
-    pool = own._replace(client_depth=False)
+    pool = own._replace(client_depth=False, depth=None)
     assert as_json(pool, depths)["depth"] == 3  # a pool process: its profile's depth
     assert recent.chart()["lines"] == []  # neither counts in the chart
 
@@ -141,7 +151,7 @@ def test_the_chart_sums_each_step_per_model_and_profile() -> None:
     record(recent, route=route(profile="off", depth=0), observation=observation(30.0, 0, 0))
     record(recent, status=500)  # failures are no speed
     (max_line, off_line) = sorted(recent.chart()["lines"], key=lambda line: line["profile"])
-    assert (max_line["model"], max_line["profile"]) == ("m", "max")
+    assert (max_line["model"], max_line["profile"], max_line["level"]) == ("m", "max", 2)
     assert max_line["points"] == [
         {"at": 1_000_000, "requests": 2, "decode_tok_s": 50.0, "acceptance": 0.8},
     ]
@@ -162,3 +172,15 @@ def test_backends_that_are_gone_are_forgotten() -> None:
 
 def test_a_row_is_a_plain_tuple() -> None:
     assert issubclass(Finished, tuple)  # one allocation per request, no per-row dict
+
+
+def test_the_chart_never_draws_one_depth_alone_and_busy_as_one_line() -> None:
+    """max measured alone and off measured beside others are two loads: each its own line,
+    labelled with its level, so no line sets a busy off beside an alone max."""
+    recent = RecentRequests(100, window_s=60, step_s=10, clock=Clock())
+    record(recent, route=route(profile="max", level=1), observation=observation(70.0))
+    record(recent, route=route(profile="max", level=2), observation=observation(40.0))
+    record(recent, route=route(profile="off", depth=0, level=2), observation=observation(45.0))
+    lines = {(line["profile"], line["level"]): line["points"] for line in recent.chart()["lines"]}
+    assert set(lines) == {("max", 1), ("max", 2), ("off", 2)}
+    assert lines["max", 1][0]["decode_tok_s"] == 70.0 and lines["max", 2][0]["decode_tok_s"] == 40.0

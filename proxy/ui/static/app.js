@@ -14,7 +14,7 @@
 
   const page = {
     key: null, after: 0, rows: [], tick: 0, timer: null, session: null,
-    profiles: {}, shapes: {}, updates: 0, generation: 0,
+    profiles: {}, levels: [1], shapes: {}, updates: 0, generation: 0,
   };
 
   const $ = (selector) => document.querySelector(selector);
@@ -70,6 +70,18 @@
     return profile in depths ? depths[profile] : null;
   }
 
+  // A load level in words: the requests decoding together a figure was measured at.
+  function loadWords(level) {
+    if (level === null || level === undefined) return "–";
+    if (level === 0 || level === "any") return "any load (pool)";
+    const levels = page.levels;
+    const n = Number(level);
+    if (n <= 1) return "alone";
+    const next = levels.find((l) => l > n);
+    if (next === undefined) return `${n}+ decoding`;
+    return next - 1 === n ? `${n} decoding` : `${n}-${next - 1} decoding`;
+  }
+
   function colourOf(depth) {
     return typeof depth === "number" ? DEPTH_COLOURS[depth % DEPTH_COLOURS.length] : "#999";
   }
@@ -104,6 +116,7 @@
     page.session = null;
     for (const body of document.querySelectorAll("#live tbody")) body.replaceChildren();
     $("#depths .cards").replaceChildren();
+    $("#drafting .verdicts").replaceChildren();
     $("#warnings").hidden = true;
   }
 
@@ -141,15 +154,17 @@
     const slow = page.tick % SLOW_EVERY === 0;
     page.tick += 1;
     try {
-      const [backends, depths, recent, routing, chart] = await Promise.all([
+      const [backends, depths, recent, routing, chart, drafting] = await Promise.all([
         api("backends"),
         api("depths"),
         api(`requests?after=${page.after}&limit=${KEEP_ROWS}`),
         slow ? api("routing") : null,
         slow ? api("chart") : null,
+        slow ? api("drafting") : null,
       ]);
       if (generation !== page.generation) return; // the key changed meanwhile
       page.profiles = depths.profiles;
+      page.levels = depths.levels || [1];
       page.shapes = Object.fromEntries(depths.backends.map((b) => [b.name, b]));
       renderBackends(backends.backends);
       renderDepths(depths.backends);
@@ -160,6 +175,7 @@
         renderLearned(routing.learned);
       }
       if (chart) renderChart(chart);
+      if (drafting) renderDrafting(drafting.backends);
       page.updates += 1;
       document.body.dataset.updates = String(page.updates);
       const ready = backends.backends.filter((b) => b.state === "ready").length;
@@ -226,6 +242,52 @@
     $("#backends tbody").replaceChildren(...rows);
   }
 
+  // --- does drafting pay: the start-up calibration, and the learned rows of the same load ---
+
+  function speedupSpan(ratio) {
+    return el("span", { class: `speedup ${ratio >= 1 ? "up" : "down"}`,
+      text: `×${ratio.toFixed(2)}` });
+  }
+
+  function learnedBeside(level) {
+    if (!level.learned.length) return el("small", { text: "not learned at this load yet" });
+    return level.learned.map((l) => el("div", {
+      class: `learned${l.trusted ? "" : " untrusted"}`,
+      data: { speedup: l.speedup.toFixed(3), profile: l.profile },
+      title: `off ${fixed(l.off_tok_s)} tok/s (${fixed(l.samples[0])} samples), ${l.profile} ` +
+        `${fixed(l.tok_s)} tok/s (${fixed(l.samples[1])} samples)` +
+        (l.trusted ? "" : ": too few samples to be trusted yet"),
+    }, `${l.request_class} ${l.profile} (depth ${l.depth}) `, speedupSpan(l.speedup)));
+  }
+
+  function renderDrafting(rows) {
+    const blocks = rows.map((b) => {
+      const body = b.levels.map((level) => el("tr", { data: { level: String(level.level) } },
+        el("td", { text: level.words }),
+        el("td", { class: "num", text: `${fixed(level.off_tok_s)} tok/s` }),
+        el("td", { class: "num", text: `${fixed(level.deep_tok_s)} tok/s` }),
+        el("td", { class: "num c-speedup", data: { speedup: level.ratio.toFixed(3) } },
+          speedupSpan(level.ratio)),
+        el("td", { class: "c-verdict" }, level.pays ? "drafting pays" : "off wins",
+          el("small", { text: level.cold_role === "rules" ? "first requests: the content rules"
+            : `first requests: ${level.cold_role}` })),
+        el("td", { class: "wrap c-learned" }, learnedBeside(level))));
+      return el("div", { class: "verdict-block", data: { backend: b.backend } },
+        el("p", { class: "verdict" }, el("strong", { text: b.backend }), ": ", b.verdict),
+        el("table", {},
+          el("thead", {}, el("tr", {},
+            el("th", { text: "load" }), el("th", { class: "num", text: "depth 0" }),
+            el("th", { class: "num", text: `depth ${b.deepest}` }),
+            el("th", { class: "num", text: "speedup" }), el("th", { text: "verdict" }),
+            el("th", { text: "learned at the same load (class, depth, speedup against off)" }))),
+          el("tbody", {}, body)),
+        el("small", { text: `calibrated ${b.measured_at ? ago(b.measured_at) : "–"}` +
+          ` on ${b.slots} slot${b.slots === 1 ? "" : "s"}` }));
+    });
+    $("#drafting .verdicts").replaceChildren(...blocks);
+    $("#drafting .empty").hidden = blocks.length > 0;
+  }
+
   // --- what the operator must hear: a state file not read whole, a failed save -------------
 
   function renderWarnings(warnings) {
@@ -257,16 +319,28 @@
           el("small", { text: b.last.detail || "" })));
       }
       const depth = typeof b.depth === "number" ? String(b.depth) : "–";
-      const big = b.now;  // the depth, or mixed, prompt or idle: the proxy's word for it
-      return el("div", { class: "card", data: { backend: b.name, depth } },
+      // The depth decoding now, else the last request's (a one-slot process is never busy):
+      // the metric mtp_proxy_backend_depth's figure. The proxy's word where it has none yet.
+      const now = b.depth_now;
+      const big = now ? String(now.depth) : b.now;
+      return el("div", { class: "card", data: { backend: b.name, depth,
+        depthNow: now ? String(now.depth) : "", depthSource: now ? now.source : "" } },
         el("div", {},
           el("span", { class: "big", text: big }),
           el("strong", { text: b.name }),
+          now ? el("small", { class: "now-source", text: nowWords(now) }) : null,
           el("small", { text: b.shape === "pool" ? `pool process: ${b.profile}` :
             `one process · ${count(b.in_flight)} of ${count(b.slots)} slots in use` })),
         lines);
     });
     $("#depths .cards").replaceChildren(...cards);
+  }
+
+  function nowWords(now) {
+    if (now.source === "decoding") return `depth ${now.depth} (${now.profile}): decoding now`;
+    if (now.source === "pool") return `depth ${now.depth}: this pool process runs ${now.profile}`;
+    return `depth ${now.depth} (${now.profile}): its last request, ${ago(now.at)}; ` +
+      "nothing decodes now";
   }
 
   // --- recent requests -----------------------------------------------------------------------
@@ -417,17 +491,22 @@
     $("#chart-window").textContent =
       `last ${Math.round(chart.window_s / 60)} minutes, one point per ${chart.step_s} s`;
     const models = [...new Set(chart.lines.map((l) => l.model))];
+    // One line per depth and load level: a depth measured beside others is another line than
+    // the same depth alone, dashed by level, and the legend says which.
+    const levels = [...new Set(chart.lines.map((l) => l.level))].sort((a, b) => a - b);
     const legend = chart.lines.map((line) => {
       const item = el("span", {
+        data: { profile: line.profile, level: String(line.level) },
         text: `${models.length > 1 ? line.model + " · " : ""}${line.profile} (depth ` +
-          `${count(line.depth)})`,
+          `${count(line.depth)}), ${loadWords(line.level)}`,
       });
       item.style.setProperty("--swatch", colourOf(line.depth));
       return item;
     });
     $("#chart .legend").replaceChildren(...legend);
     const style = (line) => ({
-      colour: colourOf(line.depth), dash: DASHES[models.indexOf(line.model) % DASHES.length],
+      colour: colourOf(line.depth),
+      dash: DASHES[(levels.indexOf(line.level) + models.indexOf(line.model)) % DASHES.length],
     });
     plot($("#speed-plot"), chart.lines, "decode_tok_s", from, now, 170, null,
       (v) => v.toFixed(0), "tok/s", style);
@@ -471,8 +550,8 @@
         "stroke-width": 2, "stroke-dasharray": dash }));
       for (const p of points) {
         const dot = svg("circle", { cx: x(p.at), cy: y(p[key]), r: 2.6, fill: colour });
-        dot.append(svg("title", {}, `${line.profile} at ${clock(p.at)}: ${label(p[key])}` +
-          ` (${p.requests} requests)`));
+        dot.append(svg("title", {}, `${line.profile}, ${loadWords(line.level)}, at ` +
+          `${clock(p.at)}: ${label(p[key])} (${p.requests} requests)`));
         parts.push(dot);
       }
     }
