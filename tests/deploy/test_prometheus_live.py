@@ -486,7 +486,7 @@ def test_the_mtp_questions_are_answered(scraped: tuple[Prometheus, ProxyProcess]
     }
     shown = {s["metric"]["backend"]: float(s["value"][1]) for s in prometheus.query(now)}
     assert shown == expected, (shown, expected)
-    assert f"{SOLO}/one-copy" in shown and f"{AGENT}/one-copy" in shown
+    assert f"{SOLO}/one-process" in shown and f"{AGENT}/one-process" in shown
     assert shown["mtp-demo/max"] == 3.0 and shown["mtp-demo/off"] == 0.0  # a pool's profiles
     # ... and beside others on the busy process: its busy epoch's, as the proxy says.
     epochs = {b["name"]: b["busy"]["depth"] for b in depths["backends"] if b["busy"]}
@@ -521,8 +521,8 @@ def test_the_mtp_questions_are_answered(scraped: tuple[Prometheus, ProxyProcess]
         for b in drafting
         for level in b["levels"]
     }
-    assert {backend for backend, _ in measured} == {f"{AGENT}/one-copy", f"{SOLO}/one-copy"}
-    assert {load for backend, load in measured if backend == f"{SOLO}/one-copy"} == {"1"}
+    assert {backend for backend, _ in measured} == {f"{AGENT}/one-process", f"{SOLO}/one-process"}
+    assert {load for backend, load in measured if backend == f"{SOLO}/one-process"} == {"1"}
     for expr, key in ((off, "off_tok_s"), (deep, "deep_tok_s"), (ratio, "ratio")):
         rows = prometheus.query(expr)
         shown = {(s["metric"]["backend"], s["metric"]["load"]): float(s["value"][1]) for s in rows}

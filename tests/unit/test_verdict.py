@@ -34,8 +34,8 @@ def learned(level: int, profile: str, tok_s: float, samples: int = 5) -> dict[st
 
 
 def test_the_calibration_answers_before_anything_was_learned() -> None:
-    (row,) = drafting_view({"m/one-copy": calibration()}, {"m/one-copy": "m"}, DEPTHS, [], LEVELS)
-    assert (row["backend"], row["model"], row["deepest"]) == ("m/one-copy", "m", 3)
+    (row,) = drafting_view({"m/one-process": calibration()}, {"m/one-process": "m"}, DEPTHS, [], LEVELS)
+    assert (row["backend"], row["model"], row["deepest"]) == ("m/one-process", "m", 3)
     alone, two, four = row["levels"]
     assert (alone["words"], alone["off_tok_s"], alone["deep_tok_s"]) == ("alone", 37.7, 69.3)
     assert alone["ratio"] == 1.838 and alone["pays"] and alone["learned"] == []
@@ -49,14 +49,14 @@ def test_the_calibration_answers_before_anything_was_learned() -> None:
 
 
 def test_a_one_slot_process_is_measured_alone_only() -> None:
-    (row,) = drafting_view({"m/one-copy": calibration(1)}, {"m/one-copy": "m"}, DEPTHS, [], LEVELS)
+    (row,) = drafting_view({"m/one-process": calibration(1)}, {"m/one-process": "m"}, DEPTHS, [], LEVELS)
     assert [level["level"] for level in row["levels"]] == [1]
 
 
 def test_learned_comparisons_sit_beside_the_calibration_of_their_own_load_only() -> None:
     """off learned busy and max learned alone make no comparison: different loads."""
     rows = [learned(1, "max", 60.0), learned(2, "off", 30.0), learned(1, "off", 40.0, 3)]
-    (row,) = drafting_view({"m/one-copy": calibration()}, {"m/one-copy": "m"}, DEPTHS, rows, LEVELS)
+    (row,) = drafting_view({"m/one-process": calibration()}, {"m/one-process": "m"}, DEPTHS, rows, LEVELS)
     alone, two, _ = row["levels"]
     (same,) = alone["learned"]
     assert (same["request_class"], same["profile"], same["depth"]) == ("<4k/code", "max", 3)
@@ -69,12 +69,12 @@ def test_a_busy_level_measured_at_another_load_says_so_and_is_shown_once() -> No
         "k", "bin", "m", 2, (Cell(1, 0, 10.0, 1), Cell(1, 3, 20.0, 1), Cell(2, 0, 9.0, 2),
                              Cell(2, 3, 8.0, 2)), 1.0, 1.0,
     )  # fmt: skip
-    (row,) = drafting_view({"m/one-copy": two_slots}, {"m/one-copy": "m"}, DEPTHS, [], LEVELS)
+    (row,) = drafting_view({"m/one-process": two_slots}, {"m/one-process": "m"}, DEPTHS, [], LEVELS)
     assert [level["level"] for level in row["levels"]] == [1, 2]  # 4 is measured as 2 is
 
 
 def test_a_backend_gone_is_left_out() -> None:
-    assert drafting_view({"gone/one-copy": calibration()}, {}, DEPTHS, [], LEVELS) == []
+    assert drafting_view({"gone/one-process": calibration()}, {}, DEPTHS, [], LEVELS) == []
 
 
 def test_level_words() -> None:
