@@ -25,8 +25,9 @@ import aiohttp
 
 from bench.decide_micro import code_text, prose_text
 from bench.processes import start_simulator
-from proxy.routing.calibrate import DEPTH_KEY, PROMPTS
+from proxy.routing.calibrate import PROMPTS
 from proxy.routing.calibration import CONTEXT_DECLINE_PER_KTOK
+from supervisor.completion import DEPTH_KEY
 
 KINDS = (("code", PROMPTS[0], 3.3), ("prose", PROMPTS[1], 3.9))
 """Kind, the calibration's prompt of that kind, and the simulator's characters per token."""

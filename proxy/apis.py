@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from supervisor.draft_probe import DEPTH_KEY
+from supervisor.completion import DEPTH_KEY
 
 __all__ = [
     "API_OF_PATH",

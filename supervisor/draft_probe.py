@@ -24,17 +24,16 @@ request comes after the first on the same text, so a drafter that keeps state ac
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
 
+from supervisor.completion import DEPTH_KEY, PATH, NoTimings, completion_timings
+
 DraftControl = Literal["per-request", "ignored", "undecided", "none"]
 
-DEPTH_KEY = "speculative.n_max"  # the flat top-level key, as llama-server's schema names it
-_PATH = "/v1/completions"
 # A line said over and over, the last time cut short: greedy decoding carries on with it, so the
 # n-gram drafters match from the first token on and a draft model or MTP head is sure of itself.
 # The line is long (27 tokens for Gemma 3): ngram-simple drafts only from a match followed by at
@@ -107,20 +106,12 @@ async def _drafted(
     }
     if depth is not None:
         body[DEPTH_KEY] = depth
-    what = f"{_PATH}" + ("" if depth is None else f" with {DEPTH_KEY} {depth}")
+    what = PATH + ("" if depth is None else f" with {DEPTH_KEY} {depth}")
     try:
-        async with session.post(base_url.rstrip("/") + _PATH, json=body) as response:
-            text = await response.text(errors="replace")
-            status = response.status
-    except (aiohttp.ClientError, OSError) as exc:
-        raise _ProbeFailed(f"{what}: {type(exc).__name__}: {exc}") from None
-    if status != 200:
-        raise _ProbeFailed(f"{what} answered {status}: {text.strip()[:200]}")
-    try:
-        timings = json.loads(text)["timings"]
-    except (ValueError, KeyError, TypeError):
-        raise _ProbeFailed(f"{what}: the answer has no timings (not llama-server?)") from None
-    drafted = timings.get("draft_n", 0) if isinstance(timings, dict) else None
+        timings = await completion_timings(session, base_url, body, what)
+    except NoTimings as exc:
+        raise _ProbeFailed(str(exc)) from None
+    drafted = timings.get("draft_n", 0)
     if not isinstance(drafted, int) or isinstance(drafted, bool) or drafted < 0:
         raise _ProbeFailed(f"{what}: timings.draft_n is {drafted!r}")
     return drafted

@@ -38,9 +38,8 @@ import structlog
 from proxy.config.routing import RoutingSettings
 from proxy.routing.calibration import KINDS, Calibration, Cell, KindCell
 from proxy.routing.stats import LearnedStats
+from supervisor.completion import DEPTH_KEY, PATH, NoTimings, completion_timings
 
-DEPTH_KEY = "speculative.n_max"
-_PATH = "/v1/completions"
 PROMPTS = (
     "Write a Python function that reads a CSV file of orders, groups them by customer and "
     "returns the total per customer, with type hints and a docstring.\n\n```python\n",
@@ -118,17 +117,12 @@ async def _complete(
         "temperature": 0,
         "stream": False,
     }
-    what = f"{_PATH} at depth {depth}"
+    what = f"{PATH} at depth {depth}"
     try:
-        async with session.post(url.rstrip("/") + _PATH, json=body) as response:
-            text = await response.text(errors="replace")
-            status = response.status
-    except (aiohttp.ClientError, OSError) as exc:
-        raise CalibrationFailed(f"{what}: {type(exc).__name__}: {exc}") from None
-    if status != 200:
-        raise CalibrationFailed(f"{what} answered {status}: {text.strip()[:200]}")
+        timings = await completion_timings(session, url, body, what)
+    except NoTimings as exc:
+        raise CalibrationFailed(str(exc)) from None
     try:
-        timings = json.loads(text)["timings"]
         n, ms = int(timings["predicted_n"]), float(timings["predicted_ms"])
         drafted = int(timings.get("draft_n") or 0)
         accepted = int(timings.get("draft_n_accepted") or 0)
