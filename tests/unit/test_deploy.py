@@ -18,6 +18,7 @@ from proxy.config.routing import RoutingSettings
 from proxy.config.settings import load_settings
 from proxy.observability.collectors import BackendsCollector
 from proxy.observability.metrics import ProxyMetrics
+from proxy.plans.plan import ONE_PROCESS
 from proxy.state import ProxyState
 from supervisor.settings import SupervisorSettings
 from tests.support.deploy_files import (
@@ -271,6 +272,23 @@ def test_dashboard_variables_come_from_the_request_metrics(dashboard: dict[str, 
         assert '!="none"' in query  # requests refused before routing have no model or profile
     (off,) = [v for v in dashboard["templating"]["list"] if v["name"] == "off"]
     assert off["type"] == "textbox" and off["query"] == RoutingSettings().profile_off
+
+
+def test_backend_panels_keep_one_process_backends_at_every_profile(
+    dashboard: dict[str, Any],
+) -> None:
+    """A one-process backend carries profile="one-process" and serves every profile: a backend
+    panel filtering on $profile alone went empty once a profile was chosen."""
+    filtered = 0
+    for panel in panels(dashboard):
+        for target in panel.get("targets", []):
+            for selector in re.findall(r"(mtp_proxy_backend_\w+)\{([^}]*)\}", target["expr"]):
+                if "$profile" in selector[1]:
+                    filtered += 1
+                    wanted = 'profile=~"$profile|one-process"'
+                    assert wanted in selector[1], (panel["title"], selector)
+    assert filtered >= 3  # in flight, restarts, crash loops, health checks
+    assert ONE_PROCESS == "one-process"
 
 
 def test_draft_panels_filter_by_model(dashboard: dict[str, Any]) -> None:
