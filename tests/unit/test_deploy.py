@@ -385,3 +385,19 @@ def test_unit_environment_configures_the_proxy(
     assert settings.routing.state_file == state_file
     assert state_file.parent == Path("/var/lib") / unit_value("StateDirectory")
     assert environment["PYTHONUNBUFFERED"] == "1"
+
+
+def test_the_alert_list_in_the_docs_is_the_rules_file() -> None:
+    """docs/operations.md lists every alert of deploy/prometheus/alerts.yml, in its order, with
+    its severity and its `for:`; it listed 7 of 8 once."""
+    rules = alert_rules()
+    text = (REPO / "docs" / "operations.md").read_text()
+    start = "<!-- alerts: the rules of deploy/prometheus/alerts.yml, in its order -->"
+    end = "<!-- /alerts -->"
+    assert text.count(start) == text.count(end) == 1
+    listed = re.findall(
+        r"^- `(MtpProxy\w+)` \((\w+)(?:, (\w+))?\): ", text.split(start)[1].split(end)[0], re.M
+    )
+    assert listed == [
+        (rule["alert"], rule["labels"]["severity"], rule.get("for", "")) for rule in rules
+    ]
