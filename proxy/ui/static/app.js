@@ -466,7 +466,7 @@
         rows.push(el("tr", { data: { model, class: label } },
           el("td", { text: "" }),
           el("td", { text: `${row.bucket} ${row.kind}` }),
-          el("td", { text: row.level ? `@${row.level}` : "pool" }),
+          el("td", { text: loadWords(row.level) }),
           order.map((p) => learnedCell(cells[p], p === off, base))));
       }
     }
