@@ -35,6 +35,7 @@ REQUEST_FIELDS = (
     "api",
     "profile",
     "request_class",
+    "load_level",
     "reason",
     "backend",
     "status",

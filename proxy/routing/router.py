@@ -235,9 +235,8 @@ class Router(Generic[V]):
         self.loads[backend.name] = recent.admit(
             backend.in_flight, features.est_prompt_tokens, features.kind, decay
         )
-        route = self._placed(
-            model, backend, features, decision.profile, decision.reason, decision.detail
-        )
+        detail = decision.detail + _load_words(decision.level, backend.in_flight, recent.load)
+        route = self._placed(model, backend, features, decision.profile, decision.reason, detail)
         return replace(route, depth=decision.depth, level=decision.level)
 
     def _replica(
@@ -506,6 +505,19 @@ class Router(Generic[V]):
             "changes": list(self.stats.changes),
             "state": self.stats.load_report,
         }
+
+
+def _load_words(level: int, others: int, recent_load: float) -> str:
+    """What placed a request above load level 1, for its detail: the requests in flight beside
+    it, or the recent admissions' load where that is higher (a request sent alone right after
+    others is counted busy: it is likely to have company, routing.depth)."""
+    if level <= 1:
+        return ""
+    s = "" if others == 1 else "s"
+    return (
+        f" (load level {level}: {others} other request{s} in flight, "
+        f"{recent_load:.1f} decoding at recent admissions)"
+    )
 
 
 def _number(value: object) -> float:

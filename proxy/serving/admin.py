@@ -89,8 +89,28 @@ async def backends(request: web.Request) -> web.StreamResponse:
         row.update(speculation.as_json() if speculation else dict.fromkeys(SPECULATION_KEYS))
         row.update(in_flight=backend.in_flight, slots=backend.slots)
         row.update(queued=state.admission.queued(backend.model))  # the model's, waiting
+        check = row.get("chat_template")
+        found = check.get("late_system") if isinstance(check, dict) else None
+        row.update(late_system_words=late_system_words(found, state.settings.compat.system_turns))
         rows.append(row)
     return live.quiet_read(request, strict_json({"backends": rows}))
+
+
+def late_system_words(found: object, system_turns: str) -> str:
+    """What happens to a system message that is not first on a backend, in words: its chat
+    template's answer (supervisor.template_check) and what the proxy does about it
+    (``compat.system_turns``, proxy.compat.system_turns). A template that refuses them is no
+    fault while the proxy mends them: the page shows it so, not as a failure."""
+    mended = system_turns == "on" or (system_turns == "auto" and found == "refused")
+    if found is None:
+        return "late system messages: not checked yet"
+    if mended:
+        return "late system messages: mended"
+    return {
+        "in-place": "late system messages: kept in place",
+        "hoisted": "late system messages: moved to the front",
+        "refused": "late system messages: refused (compat.system_turns is off)",
+    }.get(str(found), "late system messages: unknown (the template check could not tell)")
 
 
 async def restart(request: web.Request) -> web.Response:

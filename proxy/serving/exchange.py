@@ -522,6 +522,7 @@ class Exchange:
             "profile": route.profile,
             "backend": route.backend.name,
             "request_class": route.class_label,
+            "load_level": str(route.level or LEVEL_ANY),
             "reason": route.reason,
         }
 

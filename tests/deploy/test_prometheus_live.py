@@ -64,10 +64,16 @@ ROUNDS = 5  # of traffic, about one scrape apart: every counter moves between tw
 # at a 1 s scrape interval; the template variables at "All" (their allValue).
 GRAFANA_VARIABLES = {"$__rate_interval": "30s", "$__interval": "1s", "$__range": "5m"}
 ALL = ".*"
-# The variables at "All" (the dashboard's default), and at one model and profile: a panel filtering
-# on a label its metric lacks still shows data at "All" (`.*` matches the empty string), not
-# once a value is picked.
-SELECTIONS = {"All": {"model": ALL, "profile": ALL}, "one": {"model": "mtp-demo", "profile": "max"}}
+# The variables at "All" (the dashboard's default), at one model and profile, and at each value
+# the profile variable lists: a panel filtering on a label its metric lacks still shows data at
+# "All" (`.*` matches the empty string), not once a value is picked; a backend panel filtering
+# on the profile went empty once one was picked, the one-process backends being "one-process".
+PROFILE_VALUES = ("off", "min", "max", "bad")
+SELECTIONS = {
+    "All": {"model": ALL, "profile": ALL},
+    "one": {"model": "mtp-demo", "profile": "max"},
+    **{f"profile {p}": {"model": ALL, "profile": p} for p in PROFILE_VALUES},
+}
 # Panel queries (selection, panel title, refId) that legitimately show nothing under this
 # traffic, with the reason.
 EMPTY_BY_DESIGN: dict[tuple[str, str, str], str] = {
@@ -87,6 +93,48 @@ EMPTY_BY_DESIGN: dict[tuple[str, str, str], str] = {
     ("one", "Upstream retries and stream failures", "B"): "the streams cut mid-way were "
     "profile bad's, not max's",
 }
+# Per profile value: what legitimately shows nothing at it, and why.
+EMPTY_AT_PROFILE: dict[tuple[str, str, str], str] = {
+    **{
+        (f"profile {p}", title, ref): "a profile that drafts nothing: off never drafts, bad is "
+        "the misbehaving backend (no timings, no draft counts)"
+        for p in ("off", "bad")
+        for title, refs in {
+            "Draft acceptance by profile": "A",
+            "Drafted and accepted tokens/s": "AB",
+            "Draft acceptance by profile and request class": "A",
+        }.items()
+        for ref in refs
+    },
+    ("profile off", "Speedup against off (learned)", "A"): "off against itself is no speedup",
+    ("profile off", "Speedup against off (learned)", "B"): "off against itself is no speedup",
+    **{
+        (f"profile {p}", "Upstream retries and stream failures", "B"): "only bad's streams "
+        "were cut mid-way"
+        for p in ("off", "min", "max")
+    },
+    **{
+        (f"profile {p}", "Restarts and crash loops", "A"): "only mtp-demo/max was killed and "
+        "restarted; the one-process backends never restarted"
+        for p in ("off", "min", "bad")
+    },
+    **{
+        (f"profile {p}", "Restarts and crash loops", "B"): "no backend crash-looped (one kill, "
+        "5 needed)"
+        for p in PROFILE_VALUES
+    },
+    **{
+        ("profile bad", title, ref): "the misbehaving backend answers without timings: no "
+        "decode speed, nothing learned"
+        for title, refs in {
+            "Decode speed by profile and load level": "AB",
+            "Speedup against off (learned)": "AB",
+            "Learned routing table": "ABC",
+        }.items()
+        for ref in refs
+    },
+}
+EMPTY_BY_DESIGN.update(EMPTY_AT_PROFILE)
 DRAFTING = {"min", "max"}
 AGENT = "agent"  # the model served by one process
 SOLO = "solo"  # one process with one slot (-np 1, what init writes on one GPU): never busy
@@ -450,6 +498,23 @@ def test_every_alert_rule_evaluates_without_error(
     assert firing <= {"MtpProxyHighErrorRatio"}, firing  # only the 502s could raise one
 
 
+def test_backend_panels_keep_the_one_process_backends_at_each_profile(
+    scraped: tuple[Prometheus, ProxyProcess],
+) -> None:
+    """A one-process backend serves every profile (its label is "one-process"): choosing a profile
+    keeps it in the backend panels, beside the pool processes of that profile."""
+    prometheus, _ = scraped
+    for profile in PROFILE_VALUES:
+        queries = dashboard_queries(f"profile {profile}")
+        (in_flight,) = [
+            expr for title, _, expr in queries if title == "In-flight requests by backend"
+        ]
+        shown = labels_of(prometheus, in_flight, "backend")
+        assert {f"{AGENT}/one-process", f"{SOLO}/one-process"} <= shown, (profile, shown)
+        pool = {"mtp-demo/bad", "fragile/bad"} if profile == "bad" else {f"mtp-demo/{profile}"}
+        assert shown - {f"{AGENT}/one-process", f"{SOLO}/one-process"} == pool, (profile, shown)
+
+
 def test_unrouted_requests_are_counted_apart(scraped: tuple[Prometheus, ProxyProcess]) -> None:
     prometheus, _ = scraped
     refused = prometheus.query(
@@ -472,7 +537,7 @@ def test_the_variables_list_what_served_requests(scraped: tuple[Prometheus, Prox
             prometheus, f"group by ({match.group(2)}) ({selector})", match.group(2)
         )
     assert found["model"] == {"mtp-demo", "fragile", AGENT, SOLO}
-    assert found["profile"] == {"off", "min", "max", "bad"}
+    assert found["profile"] == set(PROFILE_VALUES)  # each is a selection of the panels above
 
 
 def test_the_mtp_questions_are_answered(scraped: tuple[Prometheus, ProxyProcess]) -> None:

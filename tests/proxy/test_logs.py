@@ -139,7 +139,7 @@ def test_answered_requests_log_route_tokens_acceptance_and_timings(logged: Logge
         assert (line["model"], line["api"], line["status"]) == (MODEL, sent.api, 200)
         assert (line["profile"], line["reason"]) == (sent.profile, sent.reason)
         assert line["backend"] == f"{MODEL}/{sent.profile}"
-        assert line["request_class"] == CLASS
+        assert (line["request_class"], line["load_level"]) == (CLASS, "any")  # a pool
         assert line["stream"] is sent.stream
         assert line["output_tokens"] == sent.output_tokens
         assert line["error"] is None

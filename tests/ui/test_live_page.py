@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -285,4 +286,92 @@ def test_a_failed_save_of_what_was_learned_shows_as_a_warning(tmp_path: Path) ->
             )
             errors = browser.console_errors()
     assert warning.startswith(f"the learned statistics could not be saved to {state_dir}/")
+    assert errors == [], errors
+
+
+SOLO = "solo"  # one process with one slot: what `mtp-proxy init` writes for one GPU
+CODE = "def area(r):\n    return 3.14159 * r * r\n\nclass Shape:\n    pass\n" * 40
+DRAFTING_SHOT = REPO / "build" / "ui" / "drafting-answer.png"
+
+DRAFTING = """
+const block = document.querySelector(`#drafting .verdict-block[data-backend='${arguments[0]}']`);
+if (!block) return null;
+const speedups = [...block.querySelectorAll('td.c-speedup')].map((c) => c.dataset.speedup);
+return {verdict: block.querySelector('.verdict').innerText, speedups,
+        verdicts: [...block.querySelectorAll('td.c-verdict')].map((c) => c.innerText),
+        loads: [...block.querySelectorAll('tbody tr')].map((r) => r.cells[0].innerText)};
+"""
+DEPTH_NOW = """
+const c = document.querySelector(`#depths .card[data-backend='${arguments[0]}']`);
+return c && c.dataset.depthNow !== '' &&
+  {depth: c.dataset.depthNow, source: c.dataset.depthSource,
+   big: c.querySelector('.big').innerText, words: c.querySelector('.now-source').innerText};
+"""
+
+
+def mixed_burst(url: str) -> list[Sent]:
+    """Short chats and code prompts at once, streamed or not, under a client's own model name
+    (Claude Code's), then the one-slot model's requests one after another."""
+    bodies = []
+    for i in range(8):
+        text = CODE + f"# step {i}" if i % 2 else f"a short question, number {i}"
+        body = body_for("chat", stream=i % 3 == 0, text=text, max_tokens=24)
+        bodies.append({**body, "model": "claude-sonnet-4-5" if i % 4 == 0 else MODEL})
+    with ThreadPoolExecutor(4) as pool:
+        sent = list(pool.map(lambda body: send(url, "chat", body), bodies))
+    for stream in (False, True):
+        sent.append(send(url, "chat", {**body_for("chat", stream=stream), "model": SOLO}))
+    assert {s.status for s in sent} == {200}, sent
+    return sent
+
+
+def test_the_page_answers_whether_drafting_pays_from_the_first_minute(tmp_path: Path) -> None:
+    """A fresh demo and a one-slot process: after one mixed burst the page says, per load, what
+    the start-up calibration measured and its verdict with a speedup figure; the one-slot
+    process's depth now; the template pill's words; the client's model name beside the
+    served one."""
+    demo = simulator_model(draft_control="per-request", time_scale=50.0, slots=4)
+    solo = simulator_model(SOLO, draft_control="per-request", time_scale=50.0, slots=1)
+    config = proxy_config([demo, solo], routing={"clock_scale": 50.0, "seed": 1})
+    config["model_names"] = {"patterns": {"claude-*": MODEL}}
+    with running_proxy(config, tmp_path / "proxy") as proxy:
+        wait_all_ready(proxy, {MODEL: 1, SOLO: 1})
+        sent = mixed_burst(proxy.url)
+        with chromium() as browser:
+            browser.open(f"{proxy.url}/ui/#key={ADMIN_KEY}")
+            browser.wait_for("the page live", "return document.body.dataset.state === 'live'")
+            demo_answer = browser.wait_for("the demo's verdict", DRAFTING, f"{MODEL}/one-process")
+            solo_answer = browser.wait_for("the one-slot verdict", DRAFTING, f"{SOLO}/one-process")
+            depth_now = browser.wait_for("the one-slot depth now", DEPTH_NOW, f"{SOLO}/one-process")
+            pills = browser.run(
+                "return [...document.querySelectorAll('#backends td.c-template')].map((c) =>"
+                "  [c.dataset.lateSystem, c.innerText, c.querySelector('.pill').className]);"
+            )
+            claude = sent[0]  # sent as claude-sonnet-4-5 (the burst's first)
+            model_cell = browser.wait_for(
+                "the client's model name",
+                "const r = document.querySelector(`#requests tr[data-id='${arguments[0]}']`);"
+                "return r && r.querySelector('td.c-model').innerText;",
+                claude.request_id,
+            )
+            browser.full_height()
+            png = browser.screenshot(DRAFTING_SHOT)
+            errors = browser.console_errors()
+    # The calibration's verdict per load, each with its speedup figure, both sides of one load.
+    assert demo_answer["loads"] == ["alone", "2-3 decoding", "4+ decoding"], demo_answer
+    assert len(demo_answer["speedups"]) == 3 and all(float(x) > 0 for x in demo_answer["speedups"])
+    for figure, verdict in zip(demo_answer["speedups"], demo_answer["verdicts"], strict=True):
+        assert verdict.startswith("drafting pays" if float(figure) > 1 else "off wins"), verdict
+    assert "alone, drafting pays: depth 3 decodes" in demo_answer["verdict"], demo_answer
+    assert solo_answer["loads"] == ["alone"] and float(solo_answer["speedups"][0]) > 0
+    # The one-slot process is never busy: its depth now is its last request's.
+    assert depth_now["source"] == "last" and depth_now["depth"] in {"0", "2", "3"}, depth_now
+    assert depth_now["big"] == depth_now["depth"] and "its last request" in depth_now["words"]
+    # setup-b's template refuses late system messages; the proxy mends them: a neutral pill.
+    assert pills and all(found == "refused" for found, _, _ in pills), pills
+    assert all(
+        text == "mended" and "neutral" in cls and "warn" not in cls for _, text, cls in pills
+    )
+    assert model_cell.splitlines() == ["claude-sonnet-4-5", f"served by {MODEL}"], model_cell
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000
     assert errors == [], errors

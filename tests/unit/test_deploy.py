@@ -18,6 +18,7 @@ from proxy.config.routing import RoutingSettings
 from proxy.config.settings import load_settings
 from proxy.observability.collectors import BackendsCollector
 from proxy.observability.metrics import ProxyMetrics
+from proxy.plans.plan import ONE_PROCESS
 from proxy.state import ProxyState
 from supervisor.settings import SupervisorSettings
 from tests.support.deploy_files import (
@@ -273,6 +274,23 @@ def test_dashboard_variables_come_from_the_request_metrics(dashboard: dict[str, 
     assert off["type"] == "textbox" and off["query"] == RoutingSettings().profile_off
 
 
+def test_backend_panels_keep_one_process_backends_at_every_profile(
+    dashboard: dict[str, Any],
+) -> None:
+    """A one-process backend carries profile="one-process" and serves every profile: a backend
+    panel filtering on $profile alone went empty once a profile was chosen."""
+    filtered = 0
+    for panel in panels(dashboard):
+        for target in panel.get("targets", []):
+            for selector in re.findall(r"(mtp_proxy_backend_\w+)\{([^}]*)\}", target["expr"]):
+                if "$profile" in selector[1]:
+                    filtered += 1
+                    wanted = 'profile=~"$profile|one-process"'
+                    assert wanted in selector[1], (panel["title"], selector)
+    assert filtered >= 3  # in flight, restarts, crash loops, health checks
+    assert ONE_PROCESS == "one-process"
+
+
 def test_draft_panels_filter_by_model(dashboard: dict[str, Any]) -> None:
     """The draft metrics carry `model` (tests/proxy/test_metrics.py reads it from /metrics)."""
     mtp = [p for p in panels(dashboard) if "acceptance" in p["title"].lower()]
@@ -367,3 +385,19 @@ def test_unit_environment_configures_the_proxy(
     assert settings.routing.state_file == state_file
     assert state_file.parent == Path("/var/lib") / unit_value("StateDirectory")
     assert environment["PYTHONUNBUFFERED"] == "1"
+
+
+def test_the_alert_list_in_the_docs_is_the_rules_file() -> None:
+    """docs/operations.md lists every alert of deploy/prometheus/alerts.yml, in its order, with
+    its severity and its `for:`; it listed 7 of 8 once."""
+    rules = alert_rules()
+    text = (REPO / "docs" / "operations.md").read_text()
+    start = "<!-- alerts: the rules of deploy/prometheus/alerts.yml, in its order -->"
+    end = "<!-- /alerts -->"
+    assert text.count(start) == text.count(end) == 1
+    listed = re.findall(
+        r"^- `(MtpProxy\w+)` \((\w+)(?:, (\w+))?\): ", text.split(start)[1].split(end)[0], re.M
+    )
+    assert listed == [
+        (rule["alert"], rule["labels"]["severity"], rule.get("for", "")) for rule in rules
+    ]

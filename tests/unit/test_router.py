@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
@@ -277,6 +278,29 @@ def test_one_process_remembers_its_recent_concurrency() -> None:
     backend.in_flight = 0
     idle = router.route("m", _features("later"), exclude=())
     assert idle is not None and idle.level == 1  # decays: one busy moment is not a burst
+
+
+def test_a_lone_request_counted_busy_says_the_load_that_made_it_so() -> None:
+    """Sent alone right after a burst: the recent admissions place it at a busy load level
+    (it is likely to have company), and its detail names that load, not only "busy"."""
+    settings = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=0.0)
+    router = _one_process_router(settings)
+    backend = router.backends.get("m/one-process")
+    assert backend is not None
+    backend.in_flight = 3
+    for n in range(4):
+        assert router.route("m", _features(f"s{n}"), exclude=()) is not None
+    backend.in_flight = 0
+    lone = router.route("m", _features("lone"), exclude=())
+    assert lone is not None and lone.level > 1 and lone.in_flight == 0, lone
+    load = router.loads["m/one-process"]  # after its own admission; the detail says the one before
+    assert re.search(
+        rf" \(load level {lone.level}: 0 other requests in flight, "
+        r"[0-9.]+ decoding at recent admissions\)$",
+        lone.detail,
+    ), (lone.detail, load)
+    alone = _one_process_router(settings).route("m", _features("first"), exclude=())
+    assert alone is not None and alone.level == 1 and "load level" not in alone.detail
 
 
 def test_a_request_ran_mixed_if_another_depth_decoded_at_any_time_of_its_run() -> None:

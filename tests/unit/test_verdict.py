@@ -34,7 +34,9 @@ def learned(level: int, profile: str, tok_s: float, samples: int = 5) -> dict[st
 
 
 def test_the_calibration_answers_before_anything_was_learned() -> None:
-    (row,) = drafting_view({"m/one-process": calibration()}, {"m/one-process": "m"}, DEPTHS, [], LEVELS)
+    (row,) = drafting_view(
+        {"m/one-process": calibration()}, {"m/one-process": "m"}, DEPTHS, [], LEVELS
+    )
     assert (row["backend"], row["model"], row["deepest"]) == ("m/one-process", "m", 3)
     alone, two, four = row["levels"]
     assert (alone["words"], alone["off_tok_s"], alone["deep_tok_s"]) == ("alone", 37.7, 69.3)
@@ -49,14 +51,18 @@ def test_the_calibration_answers_before_anything_was_learned() -> None:
 
 
 def test_a_one_slot_process_is_measured_alone_only() -> None:
-    (row,) = drafting_view({"m/one-process": calibration(1)}, {"m/one-process": "m"}, DEPTHS, [], LEVELS)
+    (row,) = drafting_view(
+        {"m/one-process": calibration(1)}, {"m/one-process": "m"}, DEPTHS, [], LEVELS
+    )
     assert [level["level"] for level in row["levels"]] == [1]
 
 
 def test_learned_comparisons_sit_beside_the_calibration_of_their_own_load_only() -> None:
     """off learned busy and max learned alone make no comparison: different loads."""
     rows = [learned(1, "max", 60.0), learned(2, "off", 30.0), learned(1, "off", 40.0, 3)]
-    (row,) = drafting_view({"m/one-process": calibration()}, {"m/one-process": "m"}, DEPTHS, rows, LEVELS)
+    (row,) = drafting_view(
+        {"m/one-process": calibration()}, {"m/one-process": "m"}, DEPTHS, rows, LEVELS
+    )
     alone, two, _ = row["levels"]
     (same,) = alone["learned"]
     assert (same["request_class"], same["profile"], same["depth"]) == ("<4k/code", "max", 3)

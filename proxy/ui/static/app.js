@@ -224,6 +224,12 @@
       const serves = shape && shape.shape === "one-process"
         ? "one process, depth per request" : `${b.profile} (depth ${depthOf(b.model, b.profile)})`;
       const template = b.chat_template ? b.chat_template.late_system : null;
+      // Neutral: a template that refuses late system messages is mended by the proxy, no
+      // fault; only one left refused (compat.system_turns off) is a warning.
+      const words = b.late_system_words || "";
+      const templateTitle = template ? `the chat template's answer to a system message ` +
+        `that is not first: ${template}` + (b.chat_template.reason ?
+          ` (${b.chat_template.reason})` : "") : null;
       return el("tr", { data: { backend: b.name, state: b.state } },
         el("td", { text: b.name }),
         el("td", { text: b.model }),
@@ -232,7 +238,9 @@
           text: speculation(b) }),
         el("td", { class: "c-state" }, pill(b.state)),
         el("td", {}, pill(b.draft_control, b.draft_control_reason)),
-        el("td", {}, pill(template, template ? "a system message that is not first" : null)),
+        el("td", { class: "c-template", data: { lateSystem: template || "" } },
+          words ? el("span", { class: `pill neutral${words.includes("refused (") ? " warn" : ""}`,
+            text: words.replace("late system messages: ", ""), title: templateTitle }) : "–"),
         el("td", { class: "num", text: `${count(b.in_flight)} / ${count(b.slots)}` }),
         el("td", { class: "num", text: count(b.queued) }),
         el("td", { class: "num", text: count(b.restarts) }),
@@ -384,9 +392,12 @@
     },
       el("td", { text: clock(r.at), title: new Date(r.at * 1000).toISOString() }),
       el("td", { text: r.api + (r.stream ? " · stream" : "") }),
-      el("td", { text: r.model }),
+      el("td", { class: "c-model" }, r.sent_model || r.model,
+        r.sent_model ? el("small", { text: `served by ${r.model}` }) : null),
       el("td", {}, session),
-      el("td", { text: r.request_class || "–" }),
+      el("td", { class: "c-class" }, r.request_class || "–",
+        r.level !== null && r.level !== undefined ? el("small", { text: loadWords(r.level) })
+          : null),
       el("td", { class: "c-depth", data: { depth: count(r.depth) } }, depth),
       el("td", { class: "wrap c-reason" }, r.reason || "–",
         el("small", { text: r.detail || r.error || "" })),
@@ -455,7 +466,7 @@
         rows.push(el("tr", { data: { model, class: label } },
           el("td", { text: "" }),
           el("td", { text: `${row.bucket} ${row.kind}` }),
-          el("td", { text: row.level ? `@${row.level}` : "pool" }),
+          el("td", { text: loadWords(row.level) }),
           order.map((p) => learnedCell(cells[p], p === off, base))));
       }
     }
