@@ -84,6 +84,9 @@ A request, in the order it is served:
 - ``compat.overflow``: llama-server's context overflow -> each API's canonical error.
 - ``routing.telemetry``: timings and usage read from the answer -> Observation.
 - ``serving.spec_counters``: draft acceptance from /metrics for APIs without timings.
+- ``routing.plausibility``: a backend's numbers checked before anything is learned from them.
+- ``serving.dropped_numbers``: answers whose numbers were not learned: counted, logged once a
+  minute per backend.
 - ``routing.stats``: decayed statistics per (model, class, profile, load); the learned file.
 - ``observability.bookkeeping``: what no client waits for (statistics, metrics, log lines), batched.
 - ``observability.request_log``: a request's id and its logger.

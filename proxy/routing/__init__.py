@@ -21,6 +21,7 @@ backend before it is ready). In request order:
 - ``collapse``: the acceptance-collapse guard of one backend (serve depth 0, trials, back-off).
 - ``collapse_guards``: every backend's guard, and a finished request's fate (learn, hold, skip).
 - ``telemetry``: timings and usage read from an answer (stream or body) -> Observation.
+- ``plausibility``: an Observation's numbers checked before anything is learned from them.
 - ``stats``: decayed statistics per (model, class, profile, load level); the learned file.
 - ``now``: read-only, for the live page and the metrics: the busy epoch each process is in.
 

@@ -32,6 +32,7 @@ from proxy.routing.depth import Replica, decide_depth
 from proxy.routing.depth_clock import DecodeRun, DepthClock, DepthRecord
 from proxy.routing.features import RequestFeatures, extract_features
 from proxy.routing.load import RecentLoad
+from proxy.routing.plausibility import dropped, implausible
 from proxy.routing.policy import Candidate, decide
 from proxy.routing.sessions import Sessions
 from proxy.routing.stats import LearnedStats
@@ -372,7 +373,8 @@ class Router(Generic[V]):
             yield stack.enter_context(clock.run(route.profile, prefill=prefill))
 
     def observe(self, outcome: Outcome[V]) -> Observation:
-        """A finished request: its observation, learned from as its fate says (``_learning``)."""
+        """A finished request: its observation, learned from as its fate says (``_learning``),
+        unless its numbers cannot be true (``plausibility``: then dropped, with the reason)."""
         route, features = outcome.route, outcome.features
         self.sessions.release(route.backend.name, route.cache_key)
         observation = make_observation(
@@ -385,6 +387,9 @@ class Router(Generic[V]):
             spec_delta=outcome.spec_delta,
             clock_scale=self.settings.clock_scale,
         )
+        reason = implausible(outcome.usage, observation, route.depth, self.settings)
+        if reason is not None:  # nothing learned from it: what was learned before stays
+            return dropped(observation, reason)
         learning = self._learning(outcome, observation)
         fate = self._fate(route, features.model, observation)
         drafts = (observation.draft_n or 0, observation.draft_n_accepted or 0)

@@ -412,6 +412,8 @@ class Exchange:
             spec_delta,
         )
         observation = self.state.router.observe(outcome)
+        if observation.dropped is not None:
+            self.state.dropped.record(self.state.metrics, self.model, observation, usage)
         level = str(route.level or LEVEL_ANY)
         self.state.metrics.record_observation(self.model, route.profile, observation, level)
         return observation
@@ -435,6 +437,7 @@ class Exchange:
                 "acceptance": observation.acceptance,
                 "decode_tok_s": observation.decode_tok_s,
                 "ttft_s": observation.ttft_s,
+                **({"dropped": observation.dropped} if observation.dropped else {}),
             }
         else:
             fields = {"output_tokens": usage.output_tokens or usage.predicted_n}
