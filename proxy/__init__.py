@@ -62,6 +62,7 @@ A request, in the order it is served:
 - ``routing.views``: what routing reads of a backend; ``serving.backends`` implements it.
 - ``routing.router``: the routing brain's glue: a Route per request, its run, its Outcome.
 - ``routing.features``: one pass over the body -> RequestFeatures (size, kind, session).
+- ``routing.logprobs``: a request that asks for logprobs runs at depth 0.
 - ``routing.classes``: a request class (context bucket x content kind), the unit of learning.
 - ``routing.sessions``: which backend holds each session's prompt cache.
 - ``routing.slot_caches``: which sessions' prompt caches each backend holds.

@@ -300,6 +300,15 @@ class RoutingSettings(BaseModel):
         "clock-measured speeds are in the same seconds as the backends' own timings.",
     )
 
+    logprobs_at_depth_zero: bool = Field(
+        default=True,
+        description="A request that asks for logprobs runs at depth 0 (route reason logprobs). "
+        "llama-server answers logprob 0.0 for every drafted token it accepted (llama.cpp issue "
+        "#27972, PR #27196); false once the llama-server in use gets them right. Such a request "
+        "teaches nothing (it is no sample of its class at depth 0). A client that sets its own "
+        "speculative.n_max keeps it.",
+    )
+
     # --- a backend's numbers ----------------------------------------------------------------
     max_decode_tok_s: float = Field(
         default=50_000.0,
