@@ -62,6 +62,7 @@ A request, in the order it is served:
 - ``routing.views``: what routing reads of a backend; ``serving.backends`` implements it.
 - ``routing.router``: the routing brain's glue: a Route per request, its run, its Outcome.
 - ``routing.features``: one pass over the body -> RequestFeatures (size, kind, session).
+- ``routing.logprobs``: a request that asks for logprobs runs at depth 0.
 - ``routing.classes``: a request class (context bucket x content kind), the unit of learning.
 - ``routing.sessions``: which backend holds each session's prompt cache.
 - ``routing.slot_caches``: which sessions' prompt caches each backend holds.
@@ -84,6 +85,9 @@ A request, in the order it is served:
 - ``compat.overflow``: llama-server's context overflow -> each API's canonical error.
 - ``routing.telemetry``: timings and usage read from the answer -> Observation.
 - ``serving.spec_counters``: draft acceptance from /metrics for APIs without timings.
+- ``routing.plausibility``: a backend's numbers checked before anything is learned from them.
+- ``serving.dropped_numbers``: answers whose numbers were not learned: counted, logged once a
+  minute per backend.
 - ``routing.stats``: decayed statistics per (model, class, profile, load); the learned file.
 - ``observability.bookkeeping``: what no client waits for (statistics, metrics, log lines), batched.
 - ``observability.request_log``: a request's id and its logger.

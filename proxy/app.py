@@ -41,7 +41,7 @@ from proxy.routing.router import Router
 from proxy.routing.stats import LearnedStats, dump_stepwise
 from proxy.serving import admin, handlers, passthrough
 from proxy.serving.admission import Admission
-from proxy.serving.backends import LiveBackends
+from proxy.serving.backends import LiveBackend, LiveBackends
 from proxy.serving.connections import (
     CONNECTIONS,
     ConnectionGuard,
@@ -230,6 +230,7 @@ def _track(state: ProxyState, changed: Backend) -> None:
     state.late_system[current.name] = None if check is None else check.late_system
     backend = state.backends.update(current.spec, current.state, current.base_url)
     if backend.ready:
+        _read_spec_counters(state, backend)
         state.startup.saw_ready(backend.model)
         on_ready(state, current)
         on_replaced(state, current)
@@ -237,6 +238,16 @@ def _track(state: ProxyState, changed: Backend) -> None:
     elif current.state is BackendState.FAILED and not state.notified_ready:
         _judge_start_up(state, backend.model)
     _notify_ready_once_serving(state)
+
+
+def _read_spec_counters(state: ProxyState, backend: LiveBackend) -> None:
+    """A reading of a backend's draft counters as it becomes ready: the one before its first
+    request, for the APIs whose answers carry no timings (proxy.serving.spec_counters)."""
+    if state.session is None:
+        return
+    task = state.spec_counters.baseline(state.session, backend)
+    state.background.add(task)
+    task.add_done_callback(state.background.discard)
 
 
 def _judge_start_up(state: ProxyState, model: str) -> None:

@@ -25,6 +25,7 @@ from proxy.plans.plan import ModelPlan
 from proxy.routing.router import Router
 from proxy.serving.admission import Admission
 from proxy.serving.backends import LiveBackend, LiveBackends
+from proxy.serving.dropped_numbers import DroppedNumbers
 from proxy.serving.forward import Timeouts
 from proxy.serving.model_names import ModelCatalog
 from proxy.serving.spec_counters import SpecCounterTracker
@@ -62,6 +63,8 @@ class ProxyState:
     """Those replacements (proxy.plans.auto), awaited after the supervisor stopped."""
     started_at: float = field(default_factory=time.time)
     spec_counters: SpecCounterTracker = field(default_factory=SpecCounterTracker)
+    dropped: DroppedNumbers = field(default_factory=DroppedNumbers)
+    """Answers whose numbers routing refused to learn: counted, logged once a minute."""
     background: set[asyncio.Task[None]] = field(default_factory=set)
     bookkeeping: Bookkeeping = field(default_factory=Bookkeeping)
     request_ids: RequestIds = field(default_factory=RequestIds)

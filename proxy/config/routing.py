@@ -300,6 +300,34 @@ class RoutingSettings(BaseModel):
         "clock-measured speeds are in the same seconds as the backends' own timings.",
     )
 
+    logprobs_at_depth_zero: bool = Field(
+        default=True,
+        description="A request that asks for logprobs runs at depth 0 (route reason logprobs). "
+        "llama-server answers logprob 0.0 for every drafted token it accepted (llama.cpp issue "
+        "#27972, PR #27196); false once the llama-server in use gets them right. Such a request "
+        "teaches nothing (it is no sample of its class at depth 0). A client that sets its own "
+        "speculative.n_max keeps it.",
+    )
+
+    # --- a backend's numbers ----------------------------------------------------------------
+    max_decode_tok_s: float = Field(
+        default=50_000.0,
+        gt=0.0,
+        description="The fastest decode of one request that a backend's numbers may claim. An "
+        "answer above it is dropped, not learned (mtp_proxy_observations_dropped_total, reason "
+        "too_fast). One request decodes one forward pass per step, each pass reading all the "
+        "weights, and a step yields at most its draft depth + 1 tokens: the fastest published "
+        "single-stream decodes are ~3,000 tok/s, so 50,000 leaves a wide margin for small "
+        "models at a deep depth.",
+    )
+    max_prefill_tok_s: float = Field(
+        default=10_000_000.0,
+        gt=0.0,
+        description="The fastest prompt processing that a backend's numbers may claim. "
+        "Prefill is bound by compute, about 2 FLOPs per parameter per token: a "
+        "100M-parameter model on a 1 PFLOP/s GPU processes at most 5M tok/s.",
+    )
+
     # --- persistence ---------------------------------------------------------------------
     state_file: Path | None = Field(
         default=None,

@@ -12,6 +12,7 @@ from typing import get_args
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from proxy.routing.choice import Reason
+from proxy.routing.plausibility import IMPLAUSIBLE
 from proxy.routing.telemetry import Observation
 
 # Label value of a request that never reached the routing step (refused before it, or unknown).
@@ -125,6 +126,15 @@ class ProxyMetrics:
             ["model", "profile"],
             registry=registry,
         )
+        self.observations_dropped = Counter(
+            p + "observations_dropped",
+            "Answers whose numbers could not be true (a negative count or duration, NaN or "
+            "infinity, a token count past 2^31, a speed past routing.max_decode_tok_s or "
+            "max_prefill_tok_s, more drafts than the depth allows): nothing learned from them. "
+            "reason: negative, non_finite, too_large, too_fast, drafts.",
+            ["model", "reason"],
+            registry=registry,
+        )
         self.state_save_failures = Counter(
             p + "state_save_failures",
             "Saves of the learned statistics to routing.state_file that failed (the disk full, "
@@ -142,6 +152,8 @@ class ProxyMetrics:
                 self.upstream_failures.labels(model, profile)
                 for reason in get_args(Reason):
                     self.decisions.labels(model, reason, profile)
+            for dropped in IMPLAUSIBLE:
+                self.observations_dropped.labels(model, dropped)
 
     def count_request(
         self, model: str, api: str, profile: str, request_class: str, status: int

@@ -6,6 +6,8 @@ Pure but for ``router`` (the state around the policies) and ``calibrate`` (a few
 backend before it is ready). In request order:
 - ``views``: what routing reads of a backend (BackendView) and of the set of them (Backends).
 - ``router``: the glue: a Route per request, its run, its Outcome learned from.
+- ``logprobs``: a request that asks for logprobs runs at depth 0 (llama-server's drafted tokens
+  read 0.0).
 - ``features``: one pass over a request body -> RequestFeatures (size, content kind, session).
 - ``classes``: a request class (context bucket x content kind), shared by everything below.
 - ``sessions``: which backend holds each session's prompt cache.
@@ -21,6 +23,7 @@ backend before it is ready). In request order:
 - ``collapse``: the acceptance-collapse guard of one backend (serve depth 0, trials, back-off).
 - ``collapse_guards``: every backend's guard, and a finished request's fate (learn, hold, skip).
 - ``telemetry``: timings and usage read from an answer (stream or body) -> Observation.
+- ``plausibility``: an Observation's numbers checked before anything is learned from them.
 - ``stats``: decayed statistics per (model, class, profile, load level); the learned file.
 - ``now``: read-only, for the live page and the metrics: the busy epoch each process is in.
 

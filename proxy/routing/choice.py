@@ -29,8 +29,10 @@ Reason = Literal[
     "busy",
     "collapsed",
     "client",
+    "logprobs",
 ]
-"""Why a request went where it did; "client": it set its own depth (``Router.client_depth``)."""
+"""Why a request went where it did; "client": it set its own depth (``Router.client_depth``);
+"logprobs": it asked for logprobs, so it runs at depth 0 (``logprobs``)."""
 
 FALLBACK_ORDER: dict[Role, tuple[Role, ...]] = {
     "max": ("max", "min", "off"),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from proxy.apis import Api
+from proxy.routing.logprobs import asks_logprobs
 
 ContentKind = Literal["code", "prose"]
 
@@ -112,6 +113,8 @@ class RequestFeatures:
     """Prompt tokens given as token ids (completions), counted exactly."""
     messages: int = 0
     """Messages (turns, items) of the conversation: each costs template tokens."""
+    logprobs: bool = False
+    """It asks for token probabilities (``proxy.routing.logprobs``)."""
 
 
 @dataclass(slots=True)
@@ -491,4 +494,5 @@ def extract_features(
         images=w.images,
         token_ids=w.token_ids,
         messages=w.turns,
+        logprobs=asks_logprobs(body),
     )

@@ -32,6 +32,8 @@ from proxy.routing.depth import Replica, decide_depth
 from proxy.routing.depth_clock import DecodeRun, DepthClock, DepthRecord
 from proxy.routing.features import RequestFeatures, extract_features
 from proxy.routing.load import RecentLoad
+from proxy.routing.logprobs import DETAIL, at_depth_zero
+from proxy.routing.plausibility import dropped, implausible
 from proxy.routing.policy import Candidate, decide
 from proxy.routing.sessions import Sessions
 from proxy.routing.stats import LearnedStats
@@ -192,12 +194,19 @@ class Router(Generic[V]):
             for b in backends
             if b.name not in exclude
         ]
+        logprobs = features.logprobs and self.settings.logprobs_at_depth_zero
+        asked = (
+            replace(features, pinned_profile=self.settings.profile_off) if logprobs else features
+        )
         decision = decide(
-            features, candidates, self.stats.for_model(model), self.settings, self._draws(features)
+            asked, candidates, self.stats.for_model(model), self.settings, self._draws(features)
         )
         backend = self.backends.get(decision.backend) if decision is not None else None
         if decision is None or backend is None:
             return None
+        if logprobs:  # on the off profile where it has room; at depth 0 wherever it runs
+            route = self._placed(model, backend, features, decision.profile, "logprobs", DETAIL)
+            return replace(route, depth=0)
         return self._placed(
             model, backend, features, decision.profile, decision.reason, decision.detail
         )
@@ -228,6 +237,8 @@ class Router(Generic[V]):
         backend = self.backends.get(decision.backend) if decision is not None else None
         if decision is None or backend is None:
             return None
+        if features.logprobs and self.settings.logprobs_at_depth_zero:
+            decision = at_depth_zero(decision, per_request.depths, self.settings.profile_off)
         if decision.reason == "collapsed" and decision.depth > 0:
             self.guards.of(backend.name).begin_trial()
         decay = 0.5 ** (1.0 / self.settings.load_half_life_requests)
@@ -371,7 +382,8 @@ class Router(Generic[V]):
             yield stack.enter_context(clock.run(route.profile, prefill=prefill))
 
     def observe(self, outcome: Outcome[V]) -> Observation:
-        """A finished request: its observation, learned from as its fate says (``_learning``)."""
+        """A finished request: its observation, learned from as its fate says (``_learning``),
+        unless its numbers cannot be true (``plausibility``: then dropped, with the reason)."""
         route, features = outcome.route, outcome.features
         self.sessions.release(route.backend.name, route.cache_key)
         observation = make_observation(
@@ -384,6 +396,11 @@ class Router(Generic[V]):
             spec_delta=outcome.spec_delta,
             clock_scale=self.settings.clock_scale,
         )
+        reason = implausible(outcome.usage, observation, route.depth, self.settings)
+        if reason is not None:  # nothing learned from it: what was learned before stays
+            return dropped(observation, reason)
+        if route.reason == "logprobs":  # depth 0 for its logprobs, not as its class's choice
+            return observation
         learning = self._learning(outcome, observation)
         fate = self._fate(route, features.model, observation)
         drafts = (observation.draft_n or 0, observation.draft_n_accepted or 0)

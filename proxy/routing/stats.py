@@ -141,7 +141,13 @@ class _Cell:
         self.est: Estimate | None = None  # cached until the next observation
 
     def observe(
-        self, obs: Observation, d: float, prior_prefill: float, load: float, min_samples: int
+        self,
+        obs: Observation,
+        d: float,
+        prior_prefill: float,
+        load: float,
+        min_samples: int,
+        max_decode: float = math.inf,
     ) -> bool:
         """Add one observation; True when its decode speed, with the trusted ones before it,
         says the cell's speed moved far from what it learned (``CHANGE_LIMIT``)."""
@@ -163,6 +169,9 @@ class _Cell:
             rate = self.prefill.value() or prior_prefill
             busy = obs.total_s - (ptoks or 0) / rate
             decode = out / busy if busy > 0 else None
+            # An expected prefill close to the whole time leaves a sliver: no speed, not a
+            # speed past any hardware's (its square in the spread overflowed to inf).
+            decode = decode if decode is not None and decode <= max_decode else None
         changed = False
         if decode is not None and out is not None and out >= _MIN_DECODE_TOKENS:
             changed = self._drifted(decode, min_samples)
@@ -354,7 +363,12 @@ class LearnedStats:
         learned = cell.decode.value()
         settings = self._settings
         changed = cell.observe(
-            obs, self._decay, settings.prior_prefill_tok_s, load, settings.min_samples
+            obs,
+            self._decay,
+            settings.prior_prefill_tok_s,
+            load,
+            settings.min_samples,
+            settings.max_decode_tok_s,
         )
         if changed and settings.change_detection:
             for each in cells.values():

@@ -67,6 +67,8 @@ class Observation:
     ttft_s: float | None
     total_s: float | None
     source: Source
+    dropped: str | None = None
+    """Why its numbers were not learned (``proxy.routing.plausibility``); None: learned."""
 
     @property
     def prefill_tokens(self) -> int | None:

@@ -78,6 +78,7 @@ class Exchange:
         self.client_depth = None if isinstance(depth, bool) or not isinstance(depth, int) else depth
         self.depth_run = DepthRecord()  # what its run says about its depth (routing.depth_clock)
         self.others_at_end: int | None = None  # requests on its backend when it ended
+        self.counters: asyncio.Task[SpecCounters | None] | None = None  # serving.spec_counters
         self.failed: dict[str, int] = {}  # backend -> generation that failed before answering
         self._rechecks: dict[str, asyncio.TimerHandle] = {}  # ... to be tried again at its end
         self._rechecked: set[str] = set()  # ... that may be tried again: still serving then
@@ -269,10 +270,14 @@ class Exchange:
         # request at once (one person's agent) has it in flight, and a request that ran alone
         # was learned as one that ran beside another (routing.router, load levels).
         self.others_at_end = backend.in_flight
+        if self.api in _NO_TIMINGS and relayed.status < 400 and not relayed.upstream_error:
+            # Before the answer goes on: a client's next request must not be on the backend
+            # before the reading is asked for (serving.spec_counters).
+            self.counters = state.spec_counters.after(state.client(), backend, sequence)
         if relayed.status < 400:  # errors go back through the middleware that reshapes them
             await self._send(out)
         done_at = time.perf_counter()
-        state.bookkeeping.defer(lambda: self._record(route, relayed, sent_at, done_at, sequence))
+        state.bookkeeping.defer(lambda: self._record(route, relayed, sent_at, done_at))
         return out
 
     def _mended(self, backend: str) -> bytes:
@@ -349,7 +354,6 @@ class Exchange:
         relayed: Relayed,
         sent_at: float,
         done_at: float,
-        sequence: int,
     ) -> None:
         state = self.state
         state.metrics.overhead.labels(self.api).observe(sent_at - self.received)
@@ -369,7 +373,7 @@ class Exchange:
             # Reading /metrics takes a round trip: done after the answer went out, and the
             # request's log line waits for it so that it carries the acceptance.
             task = asyncio.get_running_loop().create_task(
-                self._observe_with_counters(route, relayed, elapsed, usage, sent_at, sequence)
+                self._observe_with_counters(route, relayed, elapsed, usage, sent_at)
             )
             state.background.add(task)
             task.add_done_callback(state.background.discard)
@@ -384,12 +388,9 @@ class Exchange:
         elapsed: float,
         usage: ParsedUsage,
         sent_at: float,
-        sequence: int,
     ) -> None:
         done_at = self.received + elapsed
-        delta = await self.state.spec_counters.delta_after(
-            self.state.client(), route.backend, sequence
-        )
+        delta = await self.counters if self.counters is not None else None
         observation = self._observe(route, usage, sent_at, done_at, delta)
         self._log(route, relayed, elapsed, usage, observation)
 
@@ -412,6 +413,8 @@ class Exchange:
             spec_delta,
         )
         observation = self.state.router.observe(outcome)
+        if observation.dropped is not None:
+            self.state.dropped.record(self.state.metrics, self.model, observation, usage)
         level = str(route.level or LEVEL_ANY)
         self.state.metrics.record_observation(self.model, route.profile, observation, level)
         return observation
@@ -435,6 +438,7 @@ class Exchange:
                 "acceptance": observation.acceptance,
                 "decode_tok_s": observation.decode_tok_s,
                 "ttft_s": observation.ttft_s,
+                **({"dropped": observation.dropped} if observation.dropped else {}),
             }
         else:
             fields = {"output_tokens": usage.output_tokens or usage.predicted_n}
@@ -462,10 +466,12 @@ class Exchange:
             # The final event reached the client before it closed: a complete answer (Codex
             # closes right after response.completed), logged, counted and learned as one.
             done_at = relayed.last_chunk_at or time.perf_counter()
-            sent_at, sequence = self.sent_at, self.sequence
-            self.state.bookkeeping.defer(
-                lambda: self._record(route, relayed, sent_at, done_at, sequence)
-            )
+            sent_at, state = self.sent_at, self.state
+            if self.api in _NO_TIMINGS:
+                self.counters = state.spec_counters.after(
+                    state.client(), route.backend, self.sequence
+                )
+            state.bookkeeping.defer(lambda: self._record(route, relayed, sent_at, done_at))
             return
         if route is None:
             self._refused(CLIENT_CLOSED, message)

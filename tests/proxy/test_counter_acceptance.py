@@ -14,6 +14,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -119,3 +120,27 @@ def test_overlapping_requests_get_no_acceptance_rather_than_a_wrong_one(
     for request_id in request_ids:
         line = request_line(proxy, request_id)
         assert (line["draft_n"], line["acceptance"]) == (None, None), line
+
+
+def test_every_request_that_ran_alone_teaches_however_soon_the_next_is_sent(
+    tmp_path: Path,
+) -> None:
+    """Twelve requests one at a time, each sent the moment the last answered (an agent's loop),
+    the first right after start-up: each has its drafts and its decode speed from the counters.
+    The counters used to be read only after the next request was on the backend: 7 of 12 such
+    requests on a real llama-server taught nothing."""
+    model = simulator_model(time_scale=50.0, extra_args=["--seed", "7"])
+    config = proxy_config([model], routing={"clock_scale": 50.0})
+    pin = {"X-MTP-Profile": "max"}
+    with running_proxy(config, tmp_path) as fresh:
+        wait_all_ready(fresh, {"mtp-demo": 3})
+        request_ids = []
+        for i in range(12):
+            api = ("messages", "responses")[i % 2]
+            body = body_for(api, stream=False, text=f"hello there, number {i}", max_tokens=48)
+            sent = send(fresh.url, api, body, headers=pin)
+            assert (sent.status, sent.profile) == (200, "max")
+            request_ids.append(sent.request_id)
+        lines = [request_line(fresh, request_id) for request_id in request_ids]
+    taught = [(line["api"], line["draft_n"], line["decode_tok_s"]) for line in lines]
+    assert all(drafts and speed for _, drafts, speed in taught), taught

@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.routing.choice import Reason
+from proxy.routing.plausibility import IMPLAUSIBLE
 from proxy.serving.connections import CLOSE_CAUSES
 from supervisor.draft_probe import DraftControl
 from supervisor.states import BackendState
@@ -60,6 +61,7 @@ FAMILIES = {
     "mtp_proxy_upstream_retries": ("counter", {"model"}),
     "mtp_proxy_upstream_failures": ("counter", {"model", "profile"}),
     "mtp_proxy_state_save_failures": ("counter", set()),
+    "mtp_proxy_observations_dropped": ("counter", {"model", "reason"}),
     "mtp_proxy_queued_requests": ("gauge", {"model"}),
     "mtp_proxy_backend_in_flight": ("gauge", {"backend", "model", "profile"}),
     "mtp_proxy_backend_slots": ("gauge", {"backend", "model", "profile"}),
@@ -358,7 +360,7 @@ def test_label_values_are_bounded(run: Run) -> None:
         "model": {MODEL, UNROUTED},
         "api": {"chat", "completions", "responses", "messages"},
         "profile": {*PROFILES, UNROUTED},
-        "reason": set(get_args(Reason)),
+        "reason": {*get_args(Reason), *IMPLAUSIBLE},  # routing decisions, dropped answers
         "state": {state.value for state in BackendState},
         "control": set(get_args(DraftControl)),
         "late_system": set(get_args(LateSystem)),

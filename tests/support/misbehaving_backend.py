@@ -20,6 +20,8 @@ Modes:
   deep-event            stream N chunks, then an event whose data nests 300 levels deep (valid
                         JSON, deeper than orjson writes), then the API's final event
   echo-body             answer a complete chat completion whose content is the body received
+  timings               answer a complete chat completion whose `timings` are the JSON object of
+                        the header X-Timings (impossible ones too: the proxy must not learn them)
   call-tool             /v1/responses: call the tool the header X-Call-Tool names, with the JSON
                         arguments of X-Call-Arguments, as llama-server words a function call
                         (a 400 if the request's `tools` has no such function)
@@ -71,6 +73,7 @@ MODES = frozenset(
         "deep-event",
         "echo-body",
         "call-tool",
+        "timings",
     }
 )
 _FOREVER_S = 3600.0
@@ -251,6 +254,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return web.json_response(_complete_body((await request.read()).decode()))
     if behaviour.mode == "call-tool":
         return await _call_tool(request, body)
+    if behaviour.mode == "timings":
+        timings = json.loads(request.headers.get("X-Timings", "{}"))
+        return web.json_response({**_complete_body("done"), "timings": timings})
     if not isinstance(body, dict) or not body.get("stream"):
         return web.json_response(_complete_body("done"))
     return await _stream(request, behaviour, api=_APIS[request.path])
