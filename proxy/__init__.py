@@ -77,6 +77,7 @@ A request, in the order it is served:
 - ``routing.collapse_guards``: every backend's guard; a finished request's fate.
 - ``serving.admission``: the per-model queue in front of the backends' slots.
 - ``serving.depth_field``: the per-request depth spliced into the body.
+- ``serving.depth_headers``: the depth and speculative type each answer carries.
 - ``serving.forward``: forwarding to one backend and relaying its answer byte for byte.
 - ``serving.responses_events``: /v1/responses stream events completed to the spec.
 - ``serving.errors``: error bodies in OpenAI's or Anthropic's shape, mid-stream ones too.
