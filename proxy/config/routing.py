@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, Self
 
@@ -318,6 +319,13 @@ class RoutingSettings(BaseModel):
         description="Request header naming the client's session, the key of its prefix-cache "
         "affinity. Without it the key is derived from the request.",
     )
+    client_session_headers: list[str] = Field(
+        default=["x-claude-code-session-id", "X-Session-Id", "session_id"],
+        description="The agents' own session headers, read as the session key without "
+        "session_header. Claude Code's, a common X-Session-Id and Codex's; the first one present "
+        "wins. A balancer hashes the same header to keep a session on one box "
+        "(docs/operations.md, Several boxes). []: session_header only.",
+    )
     pin_header: str = Field(
         default="X-MTP-Profile",
         description="Request header that pins a profile: off, min or max (any case), or a "
@@ -359,6 +367,15 @@ class RoutingSettings(BaseModel):
     def role_profile(self, role: Role) -> str:
         """The configured profile name that plays ``role``."""
         return self._roles()[role]
+
+    def session_of(self, headers: Mapping[str, str]) -> str | None:
+        """The request's session header: session_header, else the first of the agents' own
+        that is present and not blank (None: the key is derived from the body)."""
+        for name in (self.session_header, *self.client_session_headers):
+            value = headers.get(name)
+            if value is not None and value.strip():
+                return value
+        return None
 
     def resolve_pin(self, pin: str) -> str:
         """Map a pin header value (off|min|max, any case, or a profile name) to a profile."""
