@@ -7,7 +7,7 @@ backend processes are the ``supervisor`` package's, which never imports this one
 
 Start-up (``mtp-proxy serve``) and the life of the process:
 - ``cli.__main__``: ``python -m proxy.cli``, the same command.
-- ``cli.main``: the command line: serve, check-config, status, init, tune.
+- ``cli.main``: the command line: serve, check-config, status, init, tune, learned.
 - ``config.settings``: the TOML file and MTP_PROXY_* overrides -> Settings (server, models, log).
 - ``config.routing``: the ``[routing]`` section: the routing brain's thresholds and priors.
 - ``config.model_names``: the ``[model_names]`` section: names clients send -> models.
@@ -86,6 +86,8 @@ A request, in the order it is served:
 - ``routing.telemetry``: timings and usage read from the answer -> Observation.
 - ``serving.spec_counters``: draft acceptance from /metrics for APIs without timings.
 - ``routing.stats``: decayed statistics per (model, class, profile, load); the learned file.
+- ``routing.priors``: the learned state's key (build, model file, type, box); exports, merged
+  as priors.
 - ``observability.bookkeeping``: what no client waits for (statistics, metrics, log lines), batched.
 - ``observability.request_log``: a request's id and its logger.
 - ``observability.metrics``: the proxy's Prometheus metrics.
@@ -99,6 +101,9 @@ Beside the requests:
 - ``serving.live``: those reads: the depth each process runs now and why, requests, the chart.
 - ``routing.now``: read-only: the busy epoch each process on per-request depths is in, its depth.
 - ``ui.routes``: the live page at /ui/: its static files (proxy/ui/static), no data in them.
+- ``plans.learned_keys``: what each model's learned state is valid for on this box.
+- ``cli.learned``: ``mtp-proxy learned export`` and ``import``: one box's learning as others'
+  priors.
 - ``cli.status``: ``mtp-proxy status``: a running proxy's backends, depths and routing, as
   tables; ``--watch`` redraws them.
 

@@ -313,6 +313,19 @@ class RoutingSettings(BaseModel):
         description="Seconds between two saves of the learned file.",
     )
 
+    box_id: str | None = Field(
+        default=None,
+        description="This box's name in the learned file's key and in exports; unset: the host "
+        "name. A learned file carried to another box starts from priors there.",
+    )
+    prior_weight: float = Field(
+        default=3.0,
+        gt=0.0,
+        description="How many of this box's own requests the imported priors of one cell weigh. "
+        "However many exports were merged (mtp-proxy learned import): the box's own "
+        "measurements outweigh them after a few requests and win within tens.",
+    )
+
     # --- headers and profile roles ---------------------------------------------------------
     session_header: str = Field(
         default="X-MTP-Session",
