@@ -7,7 +7,7 @@ backend processes are the ``supervisor`` package's, which never imports this one
 
 Start-up (``mtp-proxy serve``) and the life of the process:
 - ``cli.__main__``: ``python -m proxy.cli``, the same command.
-- ``cli.main``: the command line: serve, check-config, status, init, tune.
+- ``cli.main``: the command line: serve, check-config, status, init, tune, learned.
 - ``config.settings``: the TOML file and MTP_PROXY_* overrides -> Settings (server, models, log).
 - ``config.routing``: the ``[routing]`` section: the routing brain's thresholds and priors.
 - ``config.model_names``: the ``[model_names]`` section: names clients send -> models.
@@ -78,6 +78,7 @@ A request, in the order it is served:
 - ``routing.collapse_guards``: every backend's guard; a finished request's fate.
 - ``serving.admission``: the per-model queue in front of the backends' slots.
 - ``serving.depth_field``: the per-request depth spliced into the body.
+- ``serving.depth_headers``: the depth and speculative type each answer carries.
 - ``serving.forward``: forwarding to one backend and relaying its answer byte for byte.
 - ``serving.responses_events``: /v1/responses stream events completed to the spec.
 - ``serving.errors``: error bodies in OpenAI's or Anthropic's shape, mid-stream ones too.
@@ -89,6 +90,8 @@ A request, in the order it is served:
 - ``serving.dropped_numbers``: answers whose numbers were not learned: counted, logged once a
   minute per backend.
 - ``routing.stats``: decayed statistics per (model, class, profile, load); the learned file.
+- ``routing.priors``: the learned state's key (build, model file, type, box); exports, merged
+  as priors.
 - ``observability.bookkeeping``: what no client waits for (statistics, metrics, log lines), batched.
 - ``observability.request_log``: a request's id and its logger.
 - ``observability.metrics``: the proxy's Prometheus metrics.
@@ -105,6 +108,9 @@ Beside the requests:
   comparisons of the same load beside it.
 - ``routing.now``: read-only: the busy epoch each process on per-request depths is in, its depth.
 - ``ui.routes``: the live page at /ui/: its static files (proxy/ui/static), no data in them.
+- ``plans.learned_keys``: what each model's learned state is valid for on this box.
+- ``cli.learned``: ``mtp-proxy learned export`` and ``import``: one box's learning as others'
+  priors.
 - ``cli.status``: ``mtp-proxy status``: a running proxy's backends, depths and routing, as
   tables; ``--watch`` redraws them.
 

@@ -22,7 +22,6 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.apis import API_OF_PATH
-from proxy.config.routing import RoutingSettings
 from proxy.config.settings import Settings
 from proxy.lifecycle import sdnotify
 from proxy.lifecycle.drain import REQUESTS, RequestCount, count_requests, drain
@@ -35,8 +34,10 @@ from proxy.observability.metrics import ProxyMetrics
 from proxy.observability.recent import RecentRequests
 from proxy.plans.adopt import apply_plans, register_backends
 from proxy.plans.auto import on_ready, on_replaced
+from proxy.plans.learned_keys import learned_keys
 from proxy.plans.plan import describe_plan, plans_of
 from proxy.routing.calibrate import Calibrator, Target
+from proxy.routing.priors import adopt
 from proxy.routing.router import Router
 from proxy.routing.stats import LearnedStats, dump_stepwise
 from proxy.serving import admin, handlers, passthrough
@@ -79,7 +80,7 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
         metrics=ProxyMetrics(registry),
         backends=backends,
         models=ModelCatalog(settings.models, settings.model_names),
-        router=Router(settings.routing, backends, _load_stats(settings.routing, learned_file)),
+        router=Router(settings.routing, backends, _load_stats(settings, learned_file)),
         admission=Admission(server.max_queue, server.queue_timeout_s),
         timeouts=Timeouts(
             server.connect_timeout_s,
@@ -118,11 +119,13 @@ def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Applic
     return app
 
 
-def _load_stats(settings: RoutingSettings, learned_file: LearnedFile | None) -> LearnedStats:
-    # Read once at start-up, before the loop serves anything (the file is small).
-    if learned_file is None:
-        return LearnedStats(settings)
-    return learned_file.load(settings)
+def _load_stats(settings: Settings, learned_file: LearnedFile | None) -> LearnedStats:
+    # Read once at start-up, before the loop serves anything (the file is small), and held to
+    # what this box runs: a model learned on another build, file or type starts from priors.
+    routing = settings.routing
+    stats = LearnedStats(routing) if learned_file is None else learned_file.load(routing)
+    adopt(stats, learned_keys(settings), routing.prior_weight)
+    return stats
 
 
 def _add_routes(app: web.Application) -> None:

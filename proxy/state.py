@@ -22,6 +22,7 @@ from proxy.observability.bookkeeping import Bookkeeping
 from proxy.observability.metrics import ProxyMetrics
 from proxy.observability.recent import RecentRequests
 from proxy.plans.plan import ModelPlan
+from proxy.plans.speculation import Speculation
 from proxy.routing.router import Router
 from proxy.serving.admission import Admission
 from proxy.serving.backends import LiveBackend, LiveBackends
@@ -57,6 +58,9 @@ class ProxyState:
     admission: Admission
     plans: dict[str, ModelPlan] = field(default_factory=dict)
     """How each model is served now (proxy.plans.plan); auto's settles at its first probe."""
+    speculation: dict[str, Speculation] = field(default_factory=dict)
+    """What each backend of the plans drafts with, by name (set with the plans: the answers'
+    X-MTP-Spec-Type reads it on the request path)."""
     replanning: set[str] = field(default_factory=set)
     """Models whose processes are being replaced by another shape: their requests wait."""
     replans: set[asyncio.Task[None]] = field(default_factory=set)

@@ -1,4 +1,4 @@
-"""`mtp-proxy` command line: serve, check-config, status, init, tune."""
+"""`mtp-proxy` command line: serve, check-config, status, init, tune, learned."""
 
 from __future__ import annotations
 
@@ -52,11 +52,20 @@ def _main(argv: list[str] | None) -> int:
         from proxy.cli.init_config import run as init
 
         return init(args)
+    if command in ("tune", "learned"):
+        return _offline(command, args)
+    return _serve(args)
+
+
+def _offline(command: str, args: argparse.Namespace) -> int:
+    """The commands that work beside the service (imported only when run)."""
     if command == "tune":
         from proxy.tune.command import run as tune
 
         return tune(args)
-    return _serve(args)
+    from proxy.cli.learned import run as learned
+
+    return learned(args)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,10 +114,12 @@ def _parser() -> argparse.ArgumentParser:
         help="redraw every SECONDS (default 2) until Ctrl-C",
     )
     from proxy.cli.init_config import add_parser as add_init
+    from proxy.cli.learned import add_parser as add_learned
     from proxy.tune.command import add_parser as add_tune
 
     add_init(commands)
     add_tune(commands)
+    add_learned(commands)
     return parser
 
 

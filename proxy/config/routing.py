@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, Self
 
@@ -340,11 +341,31 @@ class RoutingSettings(BaseModel):
         description="Seconds between two saves of the learned file.",
     )
 
+    box_id: str | None = Field(
+        default=None,
+        description="This box's name in the learned file's key and in exports; unset: the host "
+        "name. A learned file carried to another box starts from priors there.",
+    )
+    prior_weight: float = Field(
+        default=3.0,
+        gt=0.0,
+        description="How many of this box's own requests the imported priors of one cell weigh. "
+        "However many exports were merged (mtp-proxy learned import): the box's own "
+        "measurements outweigh them after a few requests and win within tens.",
+    )
+
     # --- headers and profile roles ---------------------------------------------------------
     session_header: str = Field(
         default="X-MTP-Session",
         description="Request header naming the client's session, the key of its prefix-cache "
         "affinity. Without it the key is derived from the request.",
+    )
+    client_session_headers: list[str] = Field(
+        default=["x-claude-code-session-id", "X-Session-Id", "session_id"],
+        description="The agents' own session headers, read as the session key without "
+        "session_header. Claude Code's, a common X-Session-Id and Codex's; the first one present "
+        "wins. A balancer hashes the same header to keep a session on one box "
+        "(docs/operations.md, Several boxes). []: session_header only.",
     )
     pin_header: str = Field(
         default="X-MTP-Profile",
@@ -387,6 +408,15 @@ class RoutingSettings(BaseModel):
     def role_profile(self, role: Role) -> str:
         """The configured profile name that plays ``role``."""
         return self._roles()[role]
+
+    def session_of(self, headers: Mapping[str, str]) -> str | None:
+        """The request's session header: session_header, else the first of the agents' own
+        that is present and not blank (None: the key is derived from the body)."""
+        for name in (self.session_header, *self.client_session_headers):
+            value = headers.get(name)
+            if value is not None and value.strip():
+                return value
+        return None
 
     def resolve_pin(self, pin: str) -> str:
         """Map a pin header value (off|min|max, any case, or a profile name) to a profile."""

@@ -429,6 +429,18 @@ class ServerSettings(BaseModel):
         description="Seconds a request may wait for a free slot (pinned requests too); longer "
         "gets 429.",
     )
+    health_unavailable_when_full: bool = Field(
+        default=True,
+        description="/health answers 503 while every slot of every model is busy. A balancer's "
+        "health check then sends new work to another box; the body says slots total, busy and "
+        "waiting per model either way. false: 503 only while a model has no ready backend.",
+    )
+    vllm_metrics: bool = Field(
+        default=True,
+        description="/metrics also carries vllm:num_requests_running and _waiting per model. "
+        "Under vLLM's names and label (model_name), which balancers and dashboards made for vLLM "
+        "read (the Gateway API Inference Extension, LiteLLM). false: only the mtp_proxy_* series.",
+    )
     # Client connections: nginx's defaults in spirit (proxy.serving.connections and
     # proxy.serving.body).
     header_timeout_s: float = Field(

@@ -23,7 +23,9 @@ import structlog
 from proxy.config.settings import ConfigError, Settings, load_settings
 from proxy.lifecycle import sdnotify
 from proxy.plans.adopt import adopt_plans, apply_plans
+from proxy.plans.learned_keys import learned_keys
 from proxy.plans.plan import ModelPlan, backend_specs, plans_of
+from proxy.routing.priors import adopt
 from proxy.serving.model_names import ModelCatalog
 from proxy.state import ProxyState
 from supervisor.commandline import LlamaServerNotFoundError
@@ -94,7 +96,7 @@ class Reloader:
         _warn_fixed(state.settings, settings)
         sdnotify.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
         _adopt_roles(state, settings)
-        await _adopt_learned_state(state)
+        await _adopt_learned_state(state, settings)
         _adopt_models(state, settings, carried_plans(state, settings))
         before, wanted = await adopt_plans(state)
         sdnotify.notify("READY=1")
@@ -135,15 +137,20 @@ def _adopt_roles(state: ProxyState, settings: Settings) -> None:
     log.info("routing_roles_reloaded", **roles)
 
 
-async def _adopt_learned_state(state: ProxyState) -> None:
-    """Load routing.state_file when another writer replaced it since the proxy's last save."""
+async def _adopt_learned_state(state: ProxyState, settings: Settings) -> None:
+    """Load routing.state_file when another writer replaced it since the proxy's last save (an
+    import's priors, tune's measurements), and hold the statistics to the keys of the new
+    settings (another GGUF, binary or type: that model starts from priors)."""
+    keys = await asyncio.to_thread(learned_keys, settings)
     learned_file = state.learned_file
-    if learned_file is None or not await asyncio.to_thread(learned_file.replaced):
+    if learned_file is not None and await asyncio.to_thread(learned_file.replaced):
+        state.bookkeeping.flush()  # what was still queued belongs to the statistics replaced
+        stats = await asyncio.to_thread(learned_file.load, state.router.settings)
+        adopt(stats, keys, settings.routing.prior_weight)
+        state.router.stats = stats
+        log.info("state_file_reloaded", path=str(learned_file.path), report=stats.load_report)
         return
-    state.bookkeeping.flush()  # what was still queued belongs to the statistics being replaced
-    stats = await asyncio.to_thread(learned_file.load, state.router.settings)
-    state.router.stats = stats
-    log.info("state_file_reloaded", path=str(learned_file.path), report=stats.load_report)
+    adopt(state.router.stats, keys, settings.routing.prior_weight)
 
 
 def _adopt_models(state: ProxyState, settings: Settings, plans: dict[str, ModelPlan]) -> None:

@@ -41,6 +41,8 @@ class BackendsCollector(Collector):
         yield self._depth_now_metric()
         yield self._late_system_metric()
         yield from self._queue_metrics()
+        if self._state.settings.server.vllm_metrics:
+            yield from self._vllm_metrics()
         yield from self._learned_metrics()
         yield from self._guard_metrics()
 
@@ -195,6 +197,28 @@ class BackendsCollector(Collector):
         for model in self._state.models.primary_names():
             queued.add_metric([model], self._state.admission.queued(model))
         yield queued
+
+    def _vllm_metrics(self) -> Iterator[Metric]:
+        """The load under vLLM's names and label, so that a balancer or dashboard made for vLLM
+        (the Gateway API Inference Extension scores backends by them) reads a proxy unchanged.
+        No vllm:kv_cache_usage_perc: llama-server exports nothing it could be made from
+        (docs/operations.md, "Several boxes")."""
+        running = GaugeMetricFamily(
+            "vllm:num_requests_running",
+            "Requests being served by the model's backends (vLLM's name; the same count as "
+            "mtp_proxy_backend_in_flight summed per model).",
+            labels=["model_name"],
+        )
+        waiting = GaugeMetricFamily(
+            "vllm:num_requests_waiting",
+            "Requests waiting for a free slot of the model (vLLM's name; the same count as "
+            "mtp_proxy_queued_requests).",
+            labels=["model_name"],
+        )
+        for model in self._state.models.primary_names():
+            running.add_metric([model], self._state.backends.slots_of(model)[1])
+            waiting.add_metric([model], self._state.admission.queued(model))
+        yield from (running, waiting)
 
     def _guard_metrics(self) -> Iterator[Metric]:
         """The start-up calibration and the acceptance-collapse guard of the processes serving

@@ -9,6 +9,7 @@ loads, not 404); the supervisor runs them. Start-up (``proxy.app``), a SIGHUP re
 from __future__ import annotations
 
 from proxy.plans.plan import backend_slots, backend_specs
+from proxy.plans.speculation import backend_speculation
 from proxy.routing.router import PerRequestModel
 from proxy.state import ProxyState
 from supervisor.spec import BackendSpec
@@ -28,7 +29,8 @@ def apply_plans(state: ProxyState) -> None:
 
 def register_backends(state: ProxyState) -> tuple[list[BackendSpec], dict[str, int]]:
     """The backends the plans call for, and their slots; each one LiveBackends does not list
-    yet is added as STARTING."""
+    yet is added as STARTING. The answers' X-MTP-Spec-Type learns what each one drafts with."""
+    state.speculation = backend_speculation(state.settings, state.plans)
     specs = backend_specs(state.settings, state.plans)
     slots = backend_slots(state.settings, state.plans)
     for spec in specs:

@@ -25,6 +25,7 @@ backend before it is ready). In request order:
 - ``telemetry``: timings and usage read from an answer (stream or body) -> Observation.
 - ``plausibility``: an Observation's numbers checked before anything is learned from them.
 - ``stats``: decayed statistics per (model, class, profile, load level); the learned file.
+- ``priors``: what the learned state was learned on (its key), and exports merged as priors.
 - ``now``: read-only, for the live page and the metrics: the busy epoch each process is in.
 
 The settings: the ``[routing]`` section, RoutingSettings in ``proxy.config.routing``.

@@ -159,7 +159,7 @@ class Router(Generic[V]):
             api,
             {**body, "model": model} if body.get("model") != model else body,
             chars_per_token=self.stats.calibrator.chars_per_token(model),
-            session_header=headers.get(self.settings.session_header),
+            session_header=self.settings.session_of(headers),
             pin_header=headers.get(self.settings.pin_header),
         )
 

@@ -235,6 +235,38 @@ class _Cell:
             "context": [self.context.w, self.context.m, self.context.m2, self.context.n],
         }
 
+    def to_sums(self) -> dict[str, list[float]]:
+        """The cell as additive statistics (weight, sum, sum of squares, count): two boxes'
+        cells merge by adding them (proxy.routing.priors)."""
+        sums = {
+            key: [mean.w, mean.w * mean.m, mean.w * mean.m2, mean.n]
+            for key, mean in (
+                ("decode", self.decode),
+                ("prefill", self.prefill),
+                ("output", self.output),
+                ("load", self.load),
+                ("context", self.context),
+            )
+        }
+        return {**sums, "acceptance": [self.acc_w, self.drafted, self.accepted, self.acc_n]}
+
+    @classmethod
+    def from_sums(cls, sums: dict[str, list[float]], weight: float, min_samples: int) -> _Cell:
+        """A prior: the merged sums' means, weighing ``weight`` of this box's own requests,
+        trusted once the sums hold ``min_samples`` requests (so the policy uses it at once)."""
+        cell = cls()
+        for key in ("decode", "prefill", "output", "load", "context"):
+            w, total, squares, n = sums[key]
+            if w > 0:
+                mean = _Mean(weight, total / w, squares / w, min(n, float(min_samples)))
+                setattr(cell, key, mean)
+        acc_w, drafted, accepted, acc_n = sums["acceptance"]
+        if acc_w > 0:
+            scale = weight / acc_w
+            cell.acc_w, cell.drafted, cell.accepted = weight, drafted * scale, accepted * scale
+            cell.acc_n = min(acc_n, float(min_samples))
+        return cell
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> _Cell:
         cell = cls()
@@ -340,6 +372,10 @@ class LearnedStats:
             settings.chars_per_token, settings.chars_per_token_half_life
         )
         self.load_report = "new"
+        self.keys: dict[str, dict[str, str]] = {}
+        """Model -> what its cells were learned on (proxy.routing.priors.LearnedKey)."""
+        self.priors: dict[str, Any] = {}
+        """Merged exports of other boxes (proxy.routing.priors): seeds for cells not learned."""
 
     def observe(
         self,
@@ -430,6 +466,39 @@ class LearnedStats:
         by_profile = self._recent.get((model, kind, level), {})
         return {profile: list(points) for profile, points in by_profile.items()}
 
+    def additive_rows(self) -> list[dict[str, Any]]:
+        """Every cell as additive statistics, keyed like the learned file's rows."""
+        return [
+            {"model": m, "bucket": c.bucket, "kind": c.kind, "level": lv, "profile": p}
+            | cell.to_sums()
+            for (m, c, lv), by_profile in self._cells.items()
+            for p, cell in by_profile.items()
+        ]
+
+    def forget_model(self, model: str) -> int:
+        """Drop what ``model`` learned (its key changed: proxy.routing.priors); cells dropped."""
+        gone = [key for key in self._cells if key[0] == model]
+        dropped = sum(len(self._cells.pop(key)) for key in gone)
+        for key in [key for key in self._recent if key[0] == model]:
+            del self._recent[key]
+        return dropped
+
+    def seed(self, rows: list[dict[str, Any]], weight: float) -> int:
+        """Cells not learned here start from these priors (rows of ``additive_rows``' shape,
+        checked by proxy.routing.priors); a cell this box learned keeps its own. Seeded count."""
+        labels = set(bucket_labels(self._settings.context_buckets))
+        levels = {0, *self._settings.concurrency_levels}
+        seeded = 0
+        for row in rows:
+            if row["bucket"] not in labels or row["level"] not in levels:
+                continue  # bucket bounds or load levels changed since it was exported
+            key = (row["model"], RequestClass(row["bucket"], row["kind"]), row["level"])
+            cells = self._cells.setdefault(key, {})
+            if row["profile"] not in cells:
+                cells[row["profile"]] = _Cell.from_sums(row, weight, self._settings.min_samples)
+                seeded += 1
+        return seeded
+
     def for_model(self, model: str) -> ModelStats:
         """The policy's StatsView of one model."""
         return ModelStats(self, model)
@@ -495,8 +564,10 @@ class LearnedStats:
                 yield (b"," if start else b"") + _compact(rows[start : start + step])[1:-1]
                 yield None
             yield b"]"
-        yield b'},"calibrations":%s}' % _compact(
-            {key: c.to_json() for key, c in sorted(self.calibrations.items())}
+        yield b'},"calibrations":%s,"keys":%s,"priors":%s}' % (
+            _compact({key: c.to_json() for key, c in sorted(self.calibrations.items())}),
+            _compact(self.keys),
+            _compact(self.priors),
         )
 
     def save(self, path: Path) -> None:
@@ -550,6 +621,7 @@ class LearnedStats:
         kept, stale = self._restore_cells(state.get("cells"), untrusted)
         self.calibrator.load_json(state.get("chars_per_token"))
         stale += self._restore_busy(state.get("busy", {}), untrusted)  # files from before: none
+        self._restore_keys(state, untrusted)  # files from before: none
         calibrations = state.get("calibrations", {})  # files from before: none
         for key, data in _items(calibrations, "calibrations", untrusted):
             try:
@@ -557,6 +629,19 @@ class LearnedStats:
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 untrusted.append(f"calibration {key}: {_why(exc)}")
         return kept, stale, untrusted
+
+    def _restore_keys(self, state: dict[str, Any], untrusted: list[str]) -> None:
+        keys = state.get("keys", {})
+        for model, key in _items(keys, "keys", untrusted):
+            if isinstance(key, dict) and all(isinstance(v, str) for v in key.values()):
+                self.keys[str(model)] = {str(k): v for k, v in key.items()}
+            else:
+                untrusted.append(f"keys {model}: not an object of strings")
+        priors = state.get("priors", {})
+        if isinstance(priors, dict):
+            self.priors = priors  # checked where it is used (proxy.routing.priors.adopt)
+        else:
+            untrusted.append("priors: not an object")
 
     def _restore_cells(self, rows: object, untrusted: list[str]) -> tuple[int, int]:
         labels = set(bucket_labels(self._settings.context_buckets))

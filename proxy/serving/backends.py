@@ -84,6 +84,12 @@ class LiveBackends:
         """Requests the ready backends of `model` could start right now."""
         return sum(max(0, b.slots - b.in_flight) for b in self.ready_of_model(model))
 
+    def slots_of(self, model: str) -> tuple[int, int]:
+        """(slots of the ready backends of `model`, requests in flight on all its backends):
+        the load /health and the vLLM-named gauges show a balancer."""
+        total = sum(b.slots for b in self.ready_of_model(model))
+        return total, sum(b.in_flight for b in self.of_model(model))
+
     def all(self) -> list[LiveBackend]:
         return list(self._backends.values())
 

@@ -28,6 +28,7 @@ from proxy.routing.telemetry import (
 from proxy.serving.admission import QueueRefused
 from proxy.serving.backends import LiveBackend
 from proxy.serving.depth_field import with_depth
+from proxy.serving.depth_headers import depth_headers
 from proxy.serving.errors import error_response
 from proxy.serving.forward import (
     Relayed,
@@ -309,6 +310,14 @@ class Exchange:
             "X-MTP-Profile": route.profile,
             "X-MTP-Route-Reason": route.reason,
             "X-MTP-Backend": route.backend.name,
+            **depth_headers(
+                self.state.settings,
+                self.state.speculation,
+                model=self.model,
+                profile=route.profile,
+                backend=route.backend.name,
+                depth=route.depth,
+            ),
         }
         timeouts = self.state.timeouts
         if is_event_stream(response):

@@ -25,7 +25,7 @@ from proxy.serving.body_items import ItemLimits, TooManyItems, parse_bounded
 from proxy.serving.errors import error_response
 from proxy.serving.exchange import Exchange
 from proxy.serving.model_names import unknown_model_message
-from proxy.state import STATE
+from proxy.state import STATE, ProxyState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -207,11 +207,33 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    """The load view a balancer's health check reads (no key: it must stay cheap and open).
+    503 while a model has no ready backend, and, with server.health_unavailable_when_full,
+    while no slot of any model can take a request: the balancer sends new work elsewhere."""
     state = request.app[STATE]
-    models = {m: len(state.backends.ready_of_model(m)) for m in state.models.primary_names()}
-    ok = all(models.values())
-    payload = {"status": "ok" if ok else "unavailable", "ready_backends": models}
-    return web.json_response(payload, status=200 if ok else 503)
+    models = {m: _model_load(state, m) for m in state.models.primary_names()}
+    ready = all(load["ready_backends"] for load in models.values())
+    full = bool(models) and all(load["slots_free"] == 0 for load in models.values())
+    status = "unavailable" if not ready else "ok"
+    if ready and full and state.settings.server.health_unavailable_when_full:
+        status = "full"
+    payload = {
+        "status": status,
+        "ready_backends": {m: load["ready_backends"] for m, load in models.items()},
+        "models": models,
+    }
+    return web.json_response(payload, status=200 if status == "ok" else 503)
+
+
+def _model_load(state: ProxyState, model: str) -> dict[str, int]:
+    total, busy = state.backends.slots_of(model)
+    return {
+        "ready_backends": len(state.backends.ready_of_model(model)),
+        "slots_total": total,
+        "slots_busy": busy,
+        "slots_free": state.backends.free_slots(model),
+        "requests_waiting": state.admission.queued(model),
+    }
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -51,7 +51,7 @@ def exported_metric_names() -> set[str]:
         models=SimpleNamespace(primary_names=list),
         supervisor=None,
         router=SimpleNamespace(learned_rows=list, stats=SimpleNamespace(busy={})),
-        settings=SimpleNamespace(models=[]),
+        settings=SimpleNamespace(models=[], server=SimpleNamespace(vllm_metrics=True)),
         plans={},
     )
     registry.register(BackendsCollector(cast(ProxyState, empty)))
@@ -97,6 +97,7 @@ def test_exported_names_cover_both_sources() -> None:
     assert "mtp_proxy_learned_acceptance_ratio" in names
     assert "mtp_proxy_backend_speculation_info" in names  # an info family: its _info series
     assert "mtp_proxy_requests" not in names
+    assert {"vllm:num_requests_running", "vllm:num_requests_waiting"} <= names
 
 
 # --- Prometheus ---------------------------------------------------------------------------

@@ -539,3 +539,24 @@ def test_the_fenced_share_counts_what_lies_between_fences() -> None:
     assert fenced_share(["lead ```open to the end"], 0) == pytest.approx(18 / 23)
     assert fenced_share(["system ```x```", "plain"], 1) == 0.0  # the system part is not read
     assert fenced_share([], 0) == 0.0
+
+
+def test_the_agents_own_session_headers_are_session_keys() -> None:
+    """X-MTP-Session first, then the agents' own headers in the configured order, case-blind
+    (a balancer hashes the same header: docs/operations.md, Several boxes)."""
+    from multidict import CIMultiDict
+
+    from proxy.config.routing import RoutingSettings
+
+    routing = RoutingSettings()
+    claude = CIMultiDict({"X-Claude-Code-Session-Id": "cc-1"})
+    codex = CIMultiDict({"session_id": "codex-1", "User-Agent": "codex"})
+    both = CIMultiDict({"x-session-id": "generic", "X-MTP-Session": "mine"})
+    blank = CIMultiDict({"X-MTP-Session": "  ", "X-Session-Id": "generic"})
+    assert routing.session_of(claude) == "cc-1"
+    assert routing.session_of(codex) == "codex-1"
+    assert routing.session_of(both) == "mine"
+    assert routing.session_of(blank) == "generic"
+    assert routing.session_of(CIMultiDict()) is None
+    only_ours = RoutingSettings(client_session_headers=[])
+    assert only_ours.session_of(claude) is None and only_ours.session_of(both) == "mine"
