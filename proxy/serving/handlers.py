@@ -25,7 +25,7 @@ from proxy.serving.body_items import ItemLimits, TooManyItems, parse_bounded
 from proxy.serving.errors import error_response
 from proxy.serving.exchange import Exchange
 from proxy.serving.model_names import unknown_model_message
-from proxy.state import STATE
+from proxy.state import STATE, ProxyState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -210,8 +210,27 @@ async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
     models = {m: len(state.backends.ready_of_model(m)) for m in state.models.primary_names()}
     ok = all(models.values())
-    payload = {"status": "ok" if ok else "unavailable", "ready_backends": models}
+    payload: dict[str, object] = {"status": "ok" if ok else "unavailable", "ready_backends": models}
+    if not ok:
+        payload["waiting"] = {m: _not_ready_reason(state, m) for m, n in models.items() if not n}
     return web.json_response(payload, status=200 if ok else 503)
+
+
+def _not_ready_reason(state: ProxyState, model: str) -> str:
+    """Why a model has no ready backend yet, in words: the start-up calibration (which takes
+    seconds, once), a process starting, or one that failed."""
+    now = time.monotonic()
+    backends = state.backends.of_model(model)
+    for backend in backends:
+        if (began := state.calibrating.get(backend.name)) is not None:
+            return (
+                f"calibrating: {backend.name} is measured at each depth before it serves "
+                f"(once; routing.state_file keeps the result), {now - began:.0f} s so far"
+            )
+    if model in state.replanning:
+        return "its processes are being replaced (draft_control auto's fallback)"
+    states = sorted({backend.state.value for backend in backends})
+    return f"no backend ready: {', '.join(states) or 'none started'}"
 
 
 async def metrics(request: web.Request) -> web.Response:
