@@ -116,6 +116,8 @@ Beside the requests:
 
 Setting up a box (``mtp-proxy check-config`` and ``mtp-proxy init``):
 - ``cli.check_config``: ``check-config``: a configuration checked as the service will run it.
+- ``config.sandbox``: the service unit's sandbox: the paths it hides or keeps read-only, and
+  the drop-in that opens one (init warns, check-config refuses).
 - ``plans.model_files``: the model files exist, can be read, and have the MTP layers drafted.
 - ``plans.draft_models``: a draft model of the kind its speculative type needs, and of the
   model's vocabulary.

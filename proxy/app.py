@@ -13,6 +13,7 @@ import gc
 import os
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -217,7 +218,11 @@ def _calibration(state: ProxyState) -> Callable[[Backend], Awaitable[None]]:
             return
         spec = backend.spec
         target = Target(backend.name, spec.model, url, spec.argv, spec.url, live.slots, plan.depths)
-        await calibrator.run(target)
+        state.calibrating[backend.name] = time.monotonic()
+        try:
+            await calibrator.run(target)
+        finally:
+            state.calibrating.pop(backend.name, None)
 
     return before_ready
 

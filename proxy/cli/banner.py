@@ -5,6 +5,7 @@ try, and how to see what the proxy does. Under systemd (no terminal) the log say
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -69,7 +70,7 @@ def _first_answer(settings: Settings) -> list[str]:
         return []
     kept = settings.routing.state_file
     where = f"kept in {kept}" if kept else "measured again at each start: no routing.state_file"
-    return [f"(answered once the backend is calibrated: ~20 s at 27B speed, {where})"]
+    return [f"(answered once the backend is calibrated: ~25 s at 27B speed, {where})"]
 
 
 def _live_page(settings: Settings, port: int, made_up_key: str | None) -> list[str]:
@@ -94,7 +95,8 @@ def what_runs(model: ModelSettings) -> list[str]:
         preset = flag_value(model.args, ("--preset",)) or "setup-b"
         return [
             f"{model.name}: a simulated llama-server, no GPU used and no model file: "
-            f"{_preset_words(preset)}" + (f", run here with {shape}" if shape else ""),
+            f"{_preset_words(preset, ctx is not None)}"
+            + (f", run here with {shape}" if shape else ""),
             f"profiles {profiles} ({model.draft_control})",
         ]
     binary = model.binary or "llama-server"
@@ -107,13 +109,17 @@ def what_runs(model: ModelSettings) -> list[str]:
     return [f"{model.name}: {'; '.join(parts)}", f"profiles {profiles} ({model.draft_control})"]
 
 
-def _preset_words(preset: str) -> str:
+def _preset_words(preset: str, own_context: bool) -> str:
+    """The preset's description; without its "-c N" when the run has its own (one context size
+    on the line: the one it runs with)."""
     from simulator.presets import load_preset  # the demo's twin; the proxy needs it only here
 
     try:
         description = load_preset(preset).description
     except (OSError, ValueError):
         return f"simulator preset {preset}"
+    if own_context:
+        description = re.sub(r",? -c \d+", "", description)
     return f"{description}, simulator preset {preset}"
 
 

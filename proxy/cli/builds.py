@@ -31,11 +31,6 @@ class Build:
         """Built for CUDA (GGML_CUDA=ON in its CMAKE_ARGS); None: unknown."""
         return None if self.info is None else "GGML_CUDA=ON" in self.info
 
-    @property
-    def hidden_from_service(self) -> bool:
-        """Under /home or /root: the unit's ProtectHome=yes hides it from the service."""
-        return self.path.parts[1:2] in (("home",), ("root",))
-
 
 def cache_root(environ: Mapping[str, str]) -> Path:
     """scripts/build-llama-server.sh's cache folder, as the script computes it."""

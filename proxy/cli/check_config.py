@@ -27,6 +27,7 @@ from proxy.config.overrides import (
     service_variables,
     unit_user,
 )
+from proxy.config.sandbox import Sandbox, read_problem, read_sandbox, write_problem
 from proxy.config.settings import ConfigError, ModelSettings, Settings, load_settings
 from proxy.lifecycle.learned_file import state_file_problem
 from proxy.plans.known_types import known_type_problems
@@ -40,6 +41,7 @@ from proxy.plans.plan import (
     plans_of,
 )
 from proxy.plans.preflight import pool_fits, render, run_preflight
+from proxy.plans.speculation import speculation_of
 from supervisor.commandline import LlamaServerNotFoundError
 from supervisor.spec import BackendSpec
 from supervisor.urls import shown
@@ -55,9 +57,12 @@ def check_config(path: Path, unit: Path | None = None) -> int:
     problems += unknown_types
     for warning in help_warnings:  # now: they say what the types were checked against
         print(f"warning: {warning}", file=sys.stderr)
-    user = unit_user(service_unit(path, unit))  # the state file as the service will keep it
+    service = service_unit(path, unit)
+    user = unit_user(service)  # the state file as the service will keep it
     if (problem := state_file_problem(settings.routing.state_file, user)) is not None:
         problems.append(problem)
+    if service is not None:
+        problems += sandbox_problems(settings, read_sandbox(service))
     plans = plans_of(settings)
     specs = backends_or_exit(settings, str(path), plans, problems)
     print(f"{path}: OK")
@@ -87,6 +92,30 @@ def check_config(path: Path, unit: Path | None = None) -> int:
     for warning in [*warnings, *memory.warnings]:
         print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def sandbox_problems(settings: Settings, sandbox: Sandbox) -> list[str]:
+    """The files the unit's sandbox hides from the service (a model, a draft model, a
+    binary) or keeps it from writing (the learned file), each with the drop-in that fixes it."""
+    problems = []
+    for m, model in enumerate(settings.models):
+        if model.backend != "llama-server":
+            continue
+        named: dict[str, str] = {}
+        if model.model_path is not None:
+            named[f"models.{m}.model_path ({model.name})"] = model.model_path
+        if model.binary is not None:
+            named[f"models.{m}.binary ({model.name})"] = model.binary
+        for p, profile in enumerate(model.profiles):
+            if profile.url is None and (draft := speculation_of(model, profile).draft_model):
+                named[f"models.{m}.profiles.{p}.draft_model ({model.name})"] = draft
+        for where, file in named.items():
+            problem = read_problem(sandbox, Path(file).expanduser().absolute())
+            problems += [] if problem is None else [f"{where}: {problem}"]
+    state = settings.routing.state_file
+    if state is not None and (problem := write_problem(sandbox, state.absolute())) is not None:
+        problems.append(f"routing.state_file: {problem}")
+    return problems
 
 
 def load_or_exit(path: Path | None) -> Settings:

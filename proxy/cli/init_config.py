@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from proxy.cli.builds import Build, find_builds
 from proxy.cli.init_drafting import Drafting, DraftingError, choose_drafting
+from proxy.config.sandbox import read_problem, service_sandbox, write_problem
 from proxy.plans.gguf import GgufError, GgufFacts, read_gguf
 from proxy.plans.preflight import gib, model_file_size
 from supervisor.memory import DRAFT_HEADROOM_BYTES, GIB, estimate_vram_bytes, query_free_gpu_bytes
@@ -31,6 +33,18 @@ from supervisor.spec_types import MTP, SPEC_TYPES
 STATE_FILE = "/var/lib/mtp-proxy/learned-stats.json"  # the unit's StateDirectory
 _CTX_STEP = 1024
 _MIN_CTX = 4096
+
+
+DESCRIPTION = """\
+Write a commented configuration for one GGUF on one GPU, which check-config accepts as written.
+
+From the GGUF: what drafts (its MTP layers, else the n-gram type ngram-mod, or the draft model
+given with --draft-model), its trained context and its KV shape. From this box: the llama-server
+build (the patched one first; --binary must answer --version as a llama-server) and the GPU
+memory free now (nvidia-smi, or --gpu-memory). The context -c is the trained one, capped to
+what fits by the estimate check-config prints. A model, binary or learned file that the systemd
+service's sandbox would hide gets a warning with the drop-in that opens it.
+"""
 
 
 class InitError(Exception):
@@ -49,7 +63,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     init = commands.add_parser(
         "init",
         help="write a commented single-GPU config for one GGUF",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     init.add_argument("model", type=Path, help="the GGUF file")
@@ -106,7 +120,9 @@ def build_config(args: argparse.Namespace) -> tuple[str, list[str]]:
     weights = size + ((model_file_size(str(draft)) or 0) if draft is not None else 0)
     build = _build(args.binary)
     gpu = _gpu_bytes(args.gpu_memory)
-    context = choose_context(facts, weights, gpu, deepest=drafting.depths[1])
+    context = choose_context(
+        facts, weights, gpu, deepest=drafting.depths[1], measured=args.gpu_memory is None
+    )
     name = model_name(facts, model)
     text = render(
         name=name,
@@ -127,12 +143,23 @@ def build_config(args: argparse.Namespace) -> tuple[str, list[str]]:
         "next: mtp-proxy check-config --config FILE, then (as a service) "
         "sudo systemctl restart mtp-proxy",
     ]
-    if build.hidden_from_service:
-        notes.append(
-            f"warning: {build.path} is under /home or /root, which the service's "
-            "ProtectHome=yes hides: run deploy/systemd/install.sh --with-llama-server"
-        )
+    notes += [f"warning: {w}" for w in _sandbox_warnings(model, draft, build, args.state_file)]
     return text, notes
+
+
+def _sandbox_warnings(model: Path, draft: Path | None, build: Build, state: str) -> list[str]:
+    """The files the service's sandbox (the installed unit's, else the shipped one's) would
+    hide or keep from being written, each with the drop-in that fixes it."""
+    sandbox = service_sandbox(None)
+    found = [read_problem(sandbox, path) for path in (model, draft) if path is not None]
+    binary = read_problem(sandbox, build.path)
+    if binary is not None:
+        found.append(
+            f"{binary}\n(or the patched build that sudo deploy/systemd/install.sh "
+            "--with-llama-server puts in /opt/mtp-proxy)"
+        )
+    found.append(write_problem(sandbox, Path(state).expanduser().absolute()))
+    return [problem for problem in found if problem is not None]
 
 
 def choose_context(
@@ -141,9 +168,12 @@ def choose_context(
     gpu_bytes: int | None,
     *,
     deepest: int = SPEC_TYPES[MTP].depths[1],
+    measured: bool = False,
 ) -> Context:
     """The trained context, capped to the largest multiple of 1024 tokens whose estimate (at
-    the deepest profile's depth, ``deepest``) plus the draft headroom fits `gpu_bytes`."""
+    the deepest profile's depth, ``deepest``) plus the draft headroom fits `gpu_bytes`, never
+    above the trained context. ``measured``: `gpu_bytes` is what nvidia-smi says is free now
+    (not --gpu-memory), which the words say: another program's memory shrinks it."""
     trained = facts.context_length or _MIN_CTX
     if gpu_bytes is None:
         return Context(
@@ -152,40 +182,58 @@ def choose_context(
             "to size it",
         )
 
-    def need(tokens: int) -> int:
-        return (
-            estimate_vram_bytes(
-                file_bytes,
-                tokens,
-                n_layers=facts.kv_layers(),
-                n_embd=facts.embedding_length,
-                n_embd_kv=facts.kv_width(),
-                draft_n_max=deepest,
-            )
-            + DRAFT_HEADROOM_BYTES
+    def estimate(tokens: int) -> int:  # check-config's figure for the same -c
+        return estimate_vram_bytes(
+            file_bytes,
+            tokens,
+            n_layers=facts.kv_layers(),
+            n_embd=facts.embedding_length,
+            n_embd_kv=facts.kv_width(),
+            draft_n_max=deepest,
         )
 
+    def need(tokens: int) -> int:
+        return estimate(tokens) + DRAFT_HEADROOM_BYTES
+
+    memory = _memory_words(gpu_bytes, measured)
     if need(trained) <= gpu_bytes:
         return Context(
-            trained, f"the trained context; ~{gib(need(trained))} needed of {gib(gpu_bytes)}"
+            trained, f"the trained context; {_need_words(estimate(trained))}, of {memory}"
         )
     low, high = 0, trained // _CTX_STEP  # need() grows with the context: bisect the steps
     while low < high:
         middle = (low + high + 1) // 2
         low, high = (middle, high) if need(middle * _CTX_STEP) <= gpu_bytes else (low, middle - 1)
     tokens = low * _CTX_STEP
-    if tokens < _MIN_CTX:
+    floor = min(_MIN_CTX, trained)
+    if tokens < floor:
         return Context(
-            _MIN_CTX,
-            f"the weights and buffers need ~{gib(need(_MIN_CTX))} even at {_MIN_CTX} tokens, "
-            f"more than {gib(gpu_bytes)}: llama-server will offload layers to the CPU (slow); "
+            floor,
+            f"the weights and buffers need {_need_words(estimate(floor))} even at {floor} "
+            f"tokens, more than {memory}: llama-server will offload layers to the CPU (slow); "
             "a smaller quant fits",
         )
     return Context(
         tokens,
-        f"the trained context {trained} capped to fit {gib(gpu_bytes)} "
-        f"(~{gib(need(tokens))} with the draft headroom)",
+        f"the trained context {trained} capped to fit {memory}: {_need_words(estimate(tokens))}",
     )
+
+
+def _need_words(estimate: int) -> str:
+    """One memory figure, the one check-config prints, and the headroom init adds to it."""
+    return (
+        f"~{gib(estimate)} needed as check-config estimates it, plus "
+        f"{gib(DRAFT_HEADROOM_BYTES)} headroom"
+    )
+
+
+def _memory_words(gpu_bytes: int, measured: bool) -> str:
+    if measured:
+        return (
+            f"{gib(gpu_bytes)}, what is free on GPU 0 now (nvidia-smi; other programs' "
+            "memory counts: rerun init once they are gone, or pass --gpu-memory GiB)"
+        )
+    return f"{gib(gpu_bytes)} (--gpu-memory)"
 
 
 def model_name(facts: GgufFacts, path: Path) -> str:
@@ -296,7 +344,8 @@ def _build(binary: str | None) -> Build:
         path = Path(binary).expanduser()
         if not os.access(path, os.X_OK) or not path.is_file():
             raise InitError(f"--binary {binary} is not an executable file")
-        return Build(path.absolute(), patched=False, where="--binary")
+        version = _version(path)
+        return Build(path.absolute(), patched=False, where=f"--binary ({version})")
     builds = find_builds()
     if not builds:
         raise InitError(
@@ -305,6 +354,26 @@ def _build(binary: str | None) -> Build:
             'CMAKE_ARGS="-DGGML_CUDA=ON" bash scripts/build-llama-server.sh, or pass --binary'
         )
     return builds[0]
+
+
+def _version(binary: Path) -> str:
+    """The `version: ...` line of a llama-server's --version; InitError when it has none."""
+    try:
+        done = subprocess.run(
+            [str(binary), "--version"],
+            capture_output=True, text=True, timeout=30, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InitError(f"--binary {binary}: its --version failed ({exc})") from None
+    said = done.stdout + done.stderr
+    found = re.search(r"^version: .+$", said, re.MULTILINE)
+    if found is None:
+        shown = said.strip().splitlines()[0][:120] if said.strip() else "nothing"
+        raise InitError(
+            f"--binary {binary} is not a llama-server: its --version said {shown!r} (exit "
+            f'{done.returncode}), where llama-server says "version: N (commit)"'
+        )
+    return found.group(0)
 
 
 def _build_words(build: Build) -> str:

@@ -93,7 +93,7 @@ def unit_variables(unit: Path) -> dict[str, Variable]:
     `Environment=` clears what came before."""
     assigned: dict[str, Variable] = {}
     for path in [unit, *sorted(Path(f"{unit}.d").glob("*.conf"))]:
-        for value in _directive_values(path, "Environment"):
+        for value in directive_values(path, "Environment"):
             if not value.strip():
                 assigned.clear()
                 continue
@@ -106,7 +106,7 @@ def unit_variables(unit: Path) -> dict[str, Variable]:
 
 def unit_config_file(unit: Path) -> Path | None:
     """The `--config FILE` of the unit's ExecStart, or None."""
-    for value in _directive_values(unit, "ExecStart"):
+    for value in directive_values(unit, "ExecStart"):
         words = shlex.split(value)
         for i, word in enumerate(words):
             if word == "--config" and i + 1 < len(words):
@@ -144,7 +144,7 @@ def unit_user(unit: Path | None) -> str | None:
     names = [
         value
         for path in [unit, *sorted(Path(f"{unit}.d").glob("*.conf"))]
-        for value in _directive_values(path, "User")
+        for value in directive_values(path, "User")
     ]
     return names[-1] if names and names[-1] else "root"
 
@@ -241,7 +241,7 @@ def _origin_words(origin: str) -> str:
     return "this shell's environment" if origin == "environment" else f"Environment= in {origin}"
 
 
-def _directive_values(path: Path, directive: str) -> list[str]:
+def directive_values(path: Path, directive: str) -> list[str]:
     """The values of `directive=` lines of a unit file (continuation lines joined)."""
     try:
         text = path.read_text("utf-8")

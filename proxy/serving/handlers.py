@@ -217,11 +217,16 @@ async def health(request: web.Request) -> web.Response:
     status = "unavailable" if not ready else "ok"
     if ready and full and state.settings.server.health_unavailable_when_full:
         status = "full"
-    payload = {
+    payload: dict[str, object] = {
         "status": status,
         "ready_backends": {m: load["ready_backends"] for m, load in models.items()},
         "models": models,
     }
+    waiting = {
+        m: _not_ready_reason(state, m) for m, load in models.items() if not load["ready_backends"]
+    }
+    if waiting:
+        payload["waiting"] = waiting
     return web.json_response(payload, status=200 if status == "ok" else 503)
 
 
@@ -234,6 +239,23 @@ def _model_load(state: ProxyState, model: str) -> dict[str, int]:
         "slots_free": state.backends.free_slots(model),
         "requests_waiting": state.admission.queued(model),
     }
+
+
+def _not_ready_reason(state: ProxyState, model: str) -> str:
+    """Why a model has no ready backend yet, in words: the start-up calibration (which takes
+    seconds, once), a process starting, or one that failed."""
+    now = time.monotonic()
+    backends = state.backends.of_model(model)
+    for backend in backends:
+        if (began := state.calibrating.get(backend.name)) is not None:
+            return (
+                f"calibrating: {backend.name} is measured at each depth before it serves "
+                f"(once; routing.state_file keeps the result), {now - began:.0f} s so far"
+            )
+    if model in state.replanning:
+        return "its processes are being replaced (draft_control auto's fallback)"
+    states = sorted({backend.state.value for backend in backends})
+    return f"no backend ready: {', '.join(states) or 'none started'}"
 
 
 async def metrics(request: web.Request) -> web.Response:

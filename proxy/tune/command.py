@@ -37,6 +37,7 @@ from proxy.tune.plan.context import ContextError
 from proxy.tune.plan.estimate import WarmUpError
 from proxy.tune.plan.grid import (
     DEFAULT_SPEC_TYPE,
+    QUICK_GRID,
     DraftSetting,
     GridError,
     default_grid,
@@ -69,7 +70,6 @@ from proxy.tune.run.service_job import ThroughService, await_reload
 from supervisor.flags import CTX_SIZE, positive_int
 
 INTERRUPTED = EXIT_INTERRUPTED
-QUICK_GRID = "off,2,3,3/1"
 _TIME_SCALE = "--time-scale"
 
 
@@ -115,8 +115,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     what.add_argument(
         "--quick",
         action="store_true",
-        help=f"a first look: the short grid {QUICK_GRID} and one repeat (provisional: it "
-        "recommends nothing over off)",
+        help=f"a first look: the short grid {QUICK_GRID} and one repeat; it says which depth "
+        "measured fastest, provisional, with the command that confirms it (it recommends "
+        "nothing over off until then)",
     )
     what.add_argument("--repeats", type=int, default=None, help="runs of the workload (3)")
     what.add_argument("--out", type=Path, default=Path("tune-results"), help="results folder")

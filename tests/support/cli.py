@@ -21,3 +21,15 @@ def run_cli(*args: str, path_dir: Path | None = None) -> subprocess.CompletedPro
         env=env,
         timeout=60,
     )
+
+
+def version_only_llama_server(path: Path) -> Path:
+    """A stand-in binary that answers --version as llama-server does (on stderr) and nothing
+    else: what `init --binary` checks, for tests that never start it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        '#!/bin/sh\nif [ "$1" = --version ]; then\n'
+        '  echo "version: 1 (0000000)" >&2; echo "built with cc for x86_64" >&2\nfi\n'
+    )
+    path.chmod(0o755)
+    return path

@@ -164,7 +164,18 @@ def test_quick_follows_the_simulators_time_scale_and_is_provisional(tmp_path: Pa
     # Both are printed to the second: the wall time may be rounded down by up to 1 s. The wall
     # estimate adds the backend starts, so real speed is at most 100x it and not far below.
     assert 50 * (wall - 1) <= real <= 100 * (wall + 1)
-    assert "recommended profiles: off (PROVISIONAL)" in done.stdout
+    # The headline is what it measured: n_max 3 faster alone on short requests (setup-b).
+    headline = next(line for line in done.stdout.splitlines() if line.startswith("measured"))
+    assert headline.startswith("measured (PROVISIONAL: ") and "(no spread to judge by)): " in (
+        headline
+    )
+    found = re.search(r"\): n_max 3( / n_min 1)? measured fastest in (\d) of (\d) ", headline)
+    assert found is not None and found.group(2) == found.group(3), headline
+    assert (
+        f"confirm with: mtp-proxy tune --config {config} --time-scale 100 --settings "
+        f"off,2,3,3/1 --repeats 3 --out {out}"
+    ) in done.stdout
+    assert "recommended profiles for now: off (PROVISIONAL" in done.stdout
     assert document(out)["run"]["provisional"].endswith("(no spread to judge by)")
 
 

@@ -33,18 +33,18 @@ def test_the_demo_banner_says_what_runs_in_truth() -> None:
     lines = text.splitlines()
     assert lines[0] == "mtp-proxy 0.1.0 on http://127.0.0.1:8080 (the embedded demo configuration)"
     runs = next(line for line in lines if "runs:" in line)
-    # The preset's own description (published Setup B: -np 1, -c 100000), and how the demo
-    # differs from it: 4 slots, -c 131072.
+    # The preset's own description without its -c (one context size on the line: the one it
+    # runs with), and how the demo differs from it: 4 slots, -c 131072.
     assert "mtp-demo: a simulated llama-server, no GPU used and no model file" in runs
     assert runs.endswith(
-        "Qwen3.6 27B Q4_K_M, RTX 3090, -c 100000 (published Setup B), simulator preset "
+        "Qwen3.6 27B Q4_K_M, RTX 3090 (published Setup B), simulator preset "
         "setup-b, run here with 4 slots, -c 131072"
     )
     assert "http://127.0.0.1:8080/v1 (OpenAI), http://127.0.0.1:8080 (Anthropic)" in text
     curl = next(line for line in lines if "try:" in line)
     assert "curl -s http://127.0.0.1:8080/v1/chat/completions" in curl
     assert '"model":"mtp-demo"' in curl
-    # The first answer waits for the start-up calibration (~20 s on the demo): said, not a hang.
+    # The first answer waits for the start-up calibration (~25 s on the demo): said, not a hang.
     after_curl = lines[lines.index(curl) + 1]
     assert "answered once the backend is calibrated" in after_curl
     assert "measured again at each start: no routing.state_file" in after_curl

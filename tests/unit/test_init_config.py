@@ -5,7 +5,7 @@ accepting its file unchanged: tests/proxy/test_cli.py, tests/llama/test_init_lla
 from __future__ import annotations
 
 import argparse
-import stat
+import dataclasses
 import tomllib
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from proxy.cli.init_config import (
 from proxy.config.settings import Settings
 from proxy.plans.gguf import GgufFacts
 from supervisor.memory import DRAFT_HEADROOM_BYTES, GIB, estimate_vram_bytes
+from tests.support.cli import version_only_llama_server
 from tests.support.tinygguf import LlamaConfig, Mtp, Qwen35Config, write_llama, write_qwen35
 
 # Qwen3.6 27B's shape (64 layers + 1 MTP, full attention every 4th, 4 KV heads x 256).
@@ -41,11 +42,14 @@ QWEN36_27B = GgufFacts(
 Q4_K_M = int(16.5 * 1e9)
 
 
+@pytest.fixture(autouse=True)
+def no_version_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test starts no process: --binary's --version is asked in tests/proxy/test_cli.py."""
+    monkeypatch.setattr("proxy.cli.init_config._version", lambda binary: "version: 1 (test)")
+
+
 def executable(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("#!/bin/sh\n")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
+    return version_only_llama_server(path)
 
 
 def patched_build(folder: Path, cmake_args: str = "") -> Path:
@@ -85,13 +89,6 @@ def test_installed_then_cache_then_path_patched_first(tmp_path: Path) -> None:
     assert found[0].where.startswith(f"{installed}, installed by install.sh")
 
 
-def test_a_build_under_a_home_is_hidden_from_the_service() -> None:
-    assert Build(Path("/root/.cache/x/bin/llama-server"), True, "cache").hidden_from_service
-    assert not Build(
-        Path("/opt/mtp-proxy/llama-server/bin/llama-server"), True, "x"
-    ).hidden_from_service
-
-
 # --- the context -------------------------------------------------------------------------------
 
 
@@ -124,6 +121,24 @@ def test_the_trained_context_when_it_fits_or_when_memory_is_unknown() -> None:
 def test_weights_that_do_not_fit_get_a_small_context_and_a_warning() -> None:
     context = choose_context(QWEN36_27B, Q4_K_M, 12 * GIB)
     assert context.tokens == 4096 and "offload layers to the CPU" in context.why
+
+
+def test_the_context_never_exceeds_the_trained_one() -> None:
+    small = dataclasses.replace(QWEN36_27B, context_length=2048)
+    context = choose_context(small, Q4_K_M, int(0.1 * GIB))
+    assert context.tokens == 2048 and "even at 2048 tokens" in context.why
+
+
+def test_the_words_say_the_memory_is_what_is_free_now_and_give_check_configs_figure() -> None:
+    measured = choose_context(QWEN36_27B, Q4_K_M, 24 * GIB, measured=True)
+    given = choose_context(QWEN36_27B, Q4_K_M, 24 * GIB)
+    assert measured.tokens == given.tokens
+    assert "24.00 GiB, what is free on GPU 0 now (nvidia-smi" in measured.why
+    assert "24.00 GiB (--gpu-memory)" in given.why
+    estimate = need(QWEN36_27B, Q4_K_M, given.tokens) - DRAFT_HEADROOM_BYTES
+    assert f"~{estimate / GIB:.2f} GiB needed as check-config estimates it, plus 0.49 GiB" in (
+        given.why
+    )
 
 
 def test_the_model_name_is_the_files() -> None:
@@ -174,7 +189,7 @@ def test_the_config_has_everything_and_validates(tmp_path: Path) -> None:
 
 def test_a_gguf_without_mtp_layers_drafts_with_ngram_mod_deep(tmp_path: Path) -> None:
     model = write_qwen35(tmp_path / "stripped.gguf", Qwen35Config(mtp=Mtp.NONE))
-    text, notes = build_config(init_args(model, binary="/bin/true"))
+    text, notes = build_config(init_args(model, binary=str(executable(tmp_path / "llama-server"))))
     (m,) = Settings(**tomllib.loads(text)).models
     assert [(p.name, p.spec_type, p.draft_n_max) for p in m.profiles] == [
         ("off", None, None),
@@ -195,7 +210,9 @@ def test_a_gguf_without_mtp_layers_drafts_with_ngram_mod_deep(tmp_path: Path) ->
 def test_a_draft_model_of_the_same_vocabulary_drafts_with_draft_simple(tmp_path: Path) -> None:
     model = write_llama(tmp_path / "target.gguf", LlamaConfig())
     draft = write_llama(tmp_path / "draft.gguf", LlamaConfig(seed=1, n_layer=1))
-    text, notes = build_config(init_args(model, binary="/bin/true", draft_model=draft))
+    text, notes = build_config(
+        init_args(model, binary=str(executable(tmp_path / "llama-server")), draft_model=draft)
+    )
     (m,) = Settings(**tomllib.loads(text)).models
     assert [(p.spec_type, p.draft_model, p.draft_n_max) for p in m.profiles] == [
         (None, None, None),
@@ -209,7 +226,9 @@ def test_a_draft_model_of_another_vocabulary_is_refused(tmp_path: Path) -> None:
     model = write_llama(tmp_path / "target.gguf", LlamaConfig())
     other = write_llama(tmp_path / "other.gguf", LlamaConfig(n_merges=32))  # other merges
     with pytest.raises(InitError) as refused:
-        build_config(init_args(model, binary="/bin/true", draft_model=other))
+        build_config(
+            init_args(model, binary=str(executable(tmp_path / "llama-server")), draft_model=other)
+        )
     message = str(refused.value)
     assert message.startswith(f"refused: --draft-model {other} does not share the vocabulary")
     assert "token 288 " in message and "serve without speculation" in message

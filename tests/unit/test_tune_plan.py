@@ -5,14 +5,17 @@ profile for a figure at or below off and recommends nothing over off without a s
 
 from __future__ import annotations
 
+import argparse
 import io
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from proxy.config.routing import RoutingSettings
 from proxy.tune.measure.failures import CONTEXT, SKIPPED, Failures, reason_of
 from proxy.tune.measure.reading import Measurement
+from proxy.tune.measure.store import ResultStore
 from proxy.tune.plan.context import ServerContext
 from proxy.tune.plan.grid import OFF, DraftSetting
 from proxy.tune.plan.workload import builtin_workload, fit_workload
@@ -20,7 +23,9 @@ from proxy.tune.report.analysis import Cell, Spread, Table, analyse, paired_rati
 from proxy.tune.report.chart import chart_name
 from proxy.tune.report.labels import class_words, file_part
 from proxy.tune.report.outputs import RunReport, profiles_toml, rows, verdict
-from proxy.tune.report.recommend import recommend
+from proxy.tune.report.recommend import measured_headline, recommend
+from proxy.tune.report.summary import NOT_REACHED, _no_data, confirm_command
+from proxy.tune.run.job import Job
 from proxy.tune.run.progress import Progress
 from proxy.tune.run.service import ServedModel
 
@@ -256,3 +261,67 @@ def test_a_process_that_ignores_the_depth_or_a_single_process_serves_its_own_set
     routes, refused = single.routes([OFF, N3])
     assert {s.name: r.pin for s, r in routes.items()} == {"n3": "max"}
     assert refused["off"] == "the service runs m as one process at max"
+
+
+def test_the_headline_is_what_was_measured_even_when_only_off_is_recommended() -> None:
+    # --quick on the demo: one repeat, n_max 3 measured 1.72-1.85x off on short requests.
+    table = Table(
+        cells=[
+            _cell(OFF, "<4k/prose", 40, 40, repeats=1, speedup=1.0),
+            _cell(N2, "<4k/prose", 60, 60, repeats=1, speedup=1.5),
+            _cell(N3, "<4k/prose", 74, 74, repeats=1, speedup=1.85),
+            _cell(OFF, "<4k/code", 40, 40, repeats=1, speedup=1.0),
+            _cell(N3, "<4k/code", 69, 69, repeats=1, speedup=1.72),
+            _cell(OFF, "64k+/code", 30, 30, repeats=1, speedup=1.0),
+            _cell(N3, "64k+/code", 27, 27, repeats=1, speedup=0.9),
+        ]
+    )
+    rec = recommend(table)
+    assert [p.name for p in rec.profiles] == ["off"] and rec.provisional
+    assert measured_headline(table) == (
+        "n_max 3 measured fastest in 2 of 3 classes measured alone, 1.72x-1.85x off's speed; "
+        "off in 1"
+    )
+    slow = Table(cells=[_cell(OFF, "<4k/prose", 40, 40, speedup=1.0),
+                        _cell(N3, "<4k/prose", 30, 31, speedup=0.8)])  # fmt: skip
+    assert measured_headline(slow) == "off measured fastest in every class measured alone (1)"
+
+
+def test_the_confirming_command_keeps_the_grid_adds_repeats_and_hides_the_key() -> None:
+    quick = argparse.Namespace(
+        url="http://127.0.0.1:8080", admin_key="s3cret", config=None, model=None,
+        workload="builtin", mode="auto", time_scale=None, quick=True, settings=None,
+        repeats=None, out=Path("tune-results"),
+    )  # fmt: skip
+    command = confirm_command(quick, interrupted=False)
+    assert command == (
+        "mtp-proxy tune --url http://127.0.0.1:8080 --admin-key KEY --settings off,2,3,3/1 "
+        "--repeats 3 --out tune-results"
+    )
+    own = argparse.Namespace(**{**vars(quick), "url": None, "admin_key": None,
+                                "config": Path("c.toml"), "time_scale": 100.0})  # fmt: skip
+    assert confirm_command(own, interrupted=False).startswith(
+        "mtp-proxy tune --config c.toml --time-scale 100 --settings off,2,3,3/1"
+    )
+
+
+def test_classes_a_ctrl_c_never_reached_are_not_reached_not_failed(tmp_path: Path) -> None:
+    workload = fit_workload(builtin_workload(8192, BUCKETS, "m"), RoutingSettings(), None)
+    job = Job(
+        args=argparse.Namespace(), model="m", routing=RoutingSettings(), grid=[OFF],
+        store=ResultStore(tmp_path), repeats=1, clock_scale=1.0, via="processes",
+        configured_ctx=8192, workload=workload,
+    )  # fmt: skip
+    first = workload.items[0]
+    measured = [_m("off", first.id, 1, 30.0)]
+    failures = Failures()
+    label = workload.classes[workload.items[-1].id]
+    failures.add(label, "HTTP 400", "bad")
+    gaps = _no_data(job, measured, failures, interrupted=True)
+    reached = workload.classes[first.id]
+    assert reached not in gaps
+    assert gaps[label] == "every request failed (HTTP 400)"
+    others = [c for c in workload.planned_classes() if c not in (reached, label)]
+    assert others and all(gaps[c] == NOT_REACHED for c in others)
+    assert NOT_REACHED.startswith("not reached (interrupted)")
+    assert _no_data(job, measured, Failures(), interrupted=False)[label] == "not measured"

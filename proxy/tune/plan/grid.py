@@ -20,6 +20,9 @@ MAX_N_MAX = 16
 _SHALLOWEST = SPEC_TYPES[MTP].deepest  # a type measured like MTP: every depth up to 4
 _ITEM = re.compile(r"^(?P<n_max>\d+)(?:/(?P<n_min>\d+))?(?:@(?P<p_min>\d*\.?\d+))?$")
 
+QUICK_GRID = "off,2,3,3/1"
+"""`tune --quick`'s grid: off and the depths the cold rules name."""
+
 
 class GridError(ValueError):
     """A --settings value that is not a grid; the message names the bad item."""

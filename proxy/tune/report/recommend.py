@@ -242,3 +242,40 @@ def seed_state(
             for level in (0, routing.concurrency_levels[0]):
                 stats.observe(cls, profile_name, obs, model=model, level=level)
     return stats
+
+
+def measured_headline(table: Table) -> str | None:
+    """What the run measured, in one line, whatever it may recommend: the setting that was
+    fastest in the most classes measured alone, its speedups over off, and where off was
+    fastest. None when no class has off and another setting measured alone. A provisional
+    run recommends off; this line says what it saw, so nobody reads "off" as the finding."""
+    wins: dict[DraftSetting, list[float]] = {}
+    off_fastest, judged = 0, 0
+    for label in table.classes():
+        off = table.cell(label, OFF)
+        others = [c for c in table.of_class(label) if c is not off and c.speedup is not None]
+        if off is None or split_level(label)[1] > 1 or not others:
+            continue
+        judged += 1
+        best = max(others, key=lambda c: c.speedup.median if c.speedup else 0.0)
+        assert best.speedup is not None
+        if best.speedup.median > 1.0:
+            wins.setdefault(best.setting, []).append(best.speedup.median)
+        else:
+            off_fastest += 1
+    if not judged:
+        return None
+    if not wins:
+        return f"off measured fastest in every class measured alone ({judged})"
+    setting, speedups = max(wins.items(), key=lambda item: (len(item[1]), max(item[1])))
+    span = f"{min(speedups):.2f}x" + (
+        f"-{max(speedups):.2f}x" if max(speedups) > min(speedups) else ""
+    )
+    text = (
+        f"{setting.label} measured fastest in {len(speedups)} of {judged} classes measured "
+        f"alone, {span} off's speed"
+    )
+    rest = sum(len(v) for s, v in wins.items() if s != setting)
+    if rest:
+        text += f"; another setting in {rest}"
+    return text + (f"; off in {off_fastest}" if off_fastest else "")

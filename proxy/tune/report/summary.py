@@ -15,15 +15,18 @@ Exit codes (``EXIT_CODES``, also in ``--help`` and docs/tune.md):
 
 from __future__ import annotations
 
+import shlex
 import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from proxy.routing.stats import LearnedStats
 from proxy.tune.measure.failures import Failures
 from proxy.tune.measure.reading import Measurement
+from proxy.tune.plan.grid import QUICK_GRID
 from proxy.tune.report import chart
 from proxy.tune.report.analysis import Table, analyse
 from proxy.tune.report.labels import class_words
@@ -35,9 +38,15 @@ from proxy.tune.report.outputs import (
     write_recommendation,
     write_results,
 )
-from proxy.tune.report.recommend import Recommendation, recommend, seed_state
+from proxy.tune.report.recommend import (
+    Recommendation,
+    measured_headline,
+    recommend,
+    seed_state,
+)
 from proxy.tune.run.job import Job
 
+NOT_REACHED = "not reached (interrupted): a rerun with the same command measures it"
 EXIT_OK = 0
 EXIT_NOTHING = 1
 EXIT_USAGE = 2
@@ -91,7 +100,7 @@ def finish(job: Job, failures: Failures, *, interrupted: bool) -> Outcome:
             _say("failures:\n" + failures.table())
         return Outcome(EXIT_INTERRUPTED if interrupted else EXIT_NOTHING)
     table_rows = rows(table)
-    no_data = _no_data(job, measurements, failures)
+    no_data = _no_data(job, measurements, failures, interrupted=interrupted)
     report = RunReport(
         model=job.model,
         workload=workload.name,
@@ -112,10 +121,7 @@ def finish(job: Job, failures: Failures, *, interrupted: bool) -> Outcome:
     write_results(out, table_rows, report, rec)
     stats = seed_state(table, rec, measurements, job.routing, job.model)
     write_recommendation(out, profiles_toml(rec, report), stats)
-    names = ", ".join(p.name for p in rec.profiles)
-    print(f"\nrecommended profiles: {names}" + (" (PROVISIONAL)" if rec.provisional else ""))
-    if rec.provisional:
-        print(f"provisional: {rec.provisional}; nothing is recommended over off without a spread")
+    _print_verdict(job, table, rec, interrupted)
     for note in rec.notes:
         print(f"note: {note}")
     if chart.available():
@@ -134,8 +140,51 @@ def finish(job: Job, failures: Failures, *, interrupted: bool) -> Outcome:
     return Outcome(code, table, rec, measurements)
 
 
-def _no_data(job: Job, measurements: list[Measurement], failures: Failures) -> dict[str, str]:
-    """Classes of the plan without one measured request, and why."""
+def _print_verdict(job: Job, table: Table, rec: Recommendation, interrupted: bool) -> None:
+    """What was measured first (a provisional run's headline is its finding, not "off"), then
+    the profiles, and for a provisional run the command that confirms it."""
+    names = ", ".join(p.name for p in rec.profiles)
+    headline = measured_headline(table)
+    if not rec.provisional:
+        if headline is not None:
+            print(f"\nmeasured: {headline}")
+        print(f"recommended profiles: {names}")
+        return
+    if headline is not None:
+        print(f"\nmeasured (PROVISIONAL: {rec.provisional}): {headline}")
+    print(f"confirm with: {confirm_command(job.args, interrupted=interrupted)}")
+    print(
+        f"recommended profiles for now: {names} (PROVISIONAL: nothing over off is recommended "
+        "without a spread; the confirming run keeps what was measured and adds the repeats)"
+    )
+
+
+def confirm_command(args: Any, *, interrupted: bool) -> str:
+    """The command that confirms a provisional run in the same folder: the same grid with the
+    default repeats (or the same command, after Ctrl-C); a key given is shown as KEY."""
+    words = ["mtp-proxy", "tune"]
+    if args.url:
+        words += ["--url", str(args.url)]
+        words += ["--admin-key", "KEY"] if args.admin_key else []
+    elif args.config is not None:
+        words += ["--config", str(args.config)]
+    words += ["--model", args.model] if args.model else []
+    words += ["--workload", args.workload] if args.workload != "builtin" else []
+    words += ["--mode", args.mode] if getattr(args, "mode", "auto") != "auto" else []
+    if getattr(args, "time_scale", None) is not None:
+        words += ["--time-scale", f"{args.time_scale:g}"]
+    grid = QUICK_GRID if args.quick else args.settings
+    words += ["--settings", grid] if grid else []
+    repeats = args.repeats if interrupted and args.repeats else max(args.repeats or 0, 3)
+    words += ["--repeats", str(repeats), "--out", str(args.out)]
+    return shlex.join(words)
+
+
+def _no_data(
+    job: Job, measurements: list[Measurement], failures: Failures, *, interrupted: bool
+) -> dict[str, str]:
+    """Classes of the plan without one measured request, and why: left out, every request
+    failed, or (after Ctrl-C) not reached."""
     workload = job.workload
     assert workload is not None
     out = dict(workload.left_out_classes())
@@ -143,8 +192,14 @@ def _no_data(job: Job, measurements: list[Measurement], failures: Failures) -> d
     reasons = {row["class"]: row["reason"] for row in failures.rows()}
     for label in workload.planned_classes():
         items = [i for i, c in workload.classes.items() if c == label]
-        if not any(i in answered for i in items):
-            out[label] = f"every request failed ({reasons.get(label, 'not measured')})"
+        if any(i in answered for i in items):
+            continue
+        if label in reasons:
+            out[label] = f"every request failed ({reasons[label]})"
+        elif interrupted:
+            out[label] = NOT_REACHED
+        else:
+            out[label] = "not measured"
     return out
 
 
