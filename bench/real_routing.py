@@ -71,6 +71,7 @@ from bench.routing_topology import ADMIN_KEY
 from supervisor.spec_types import NGRAM_MOD_ARGS
 
 ARMS = ("static:off", "static:min", "static:max", ADAPTIVE)
+CONTROL_ARMS = ("static:off", ADAPTIVE)  # how much drafting loses: the calibration's verdict
 CONTROL_TYPE = "draft-simple"
 BINARY_ENV = "MTP_PATCHED_LLAMA_SERVER"
 MODEL_ENV = "MTP_MODEL_GEMMA3_270M"
@@ -91,7 +92,7 @@ class Plan:
     calibration_tokens: int = 96
     seed: int = 1
     arms: tuple[str, ...] = ARMS
-    control_arms: tuple[str, ...] = ARMS
+    control_arms: tuple[str, ...] = CONTROL_ARMS
     ready_timeout_s: float = 900.0
 
     @property
@@ -106,7 +107,6 @@ QUICK: dict[str, Any] = {
     "tokens": 16,
     "calibration_tokens": 16,
     "arms": ("static:off", "static:max", ADAPTIVE),
-    "control_arms": ("static:off", ADAPTIVE),
 }
 
 

@@ -158,6 +158,7 @@ def headline(report: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "trace": name,
+                "against": "best static",
                 "adaptive_tok_s": trace["tok_s"].get(ADAPTIVE),
                 "best_static": best,
                 "best_static_tok_s": trace["tok_s"].get(best) if best else None,
@@ -169,6 +170,7 @@ def headline(report: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "trace": "draft-simple control",
+                "against": "static",
                 "adaptive_tok_s": control["tok_s"].get(ADAPTIVE),
                 "best_static": OFF_ARM,
                 "best_static_tok_s": control["tok_s"].get(OFF_ARM),
@@ -199,12 +201,13 @@ def arm_label(arm: str, depths: dict[str, int]) -> str:
     return f"{profile}={depths[profile]}" if arm != profile and profile in depths else arm
 
 
-def headline_text(rows: list[dict[str, Any]]) -> str:
+def headline_text(rows: list[dict[str, Any]], depths: dict[str, int]) -> str:
     lines = ["HEADLINE: adaptive / best static, per trace (goodput, output tok/s waited for)"]
     for row in rows:
+        best = arm_label(row["best_static"], depths) if row["best_static"] else "-"
         lines.append(
             f"  {row['trace']:<22} adaptive {_num(row['adaptive_tok_s'], 2):>7}   "
-            f"{row['best_static'] or '-':<11} {_num(row['best_static_tok_s'], 2):>7}   "
+            f"{row['against']:>11} {best:<7} {_num(row['best_static_tok_s'], 2):>7}   "
             f"{_x(row['adaptive_vs_best_static'])}"
         )
     return "\n".join(lines)
@@ -276,7 +279,7 @@ def control_text(control: dict[str, Any], arms: Sequence[str], depths: dict[str,
 
 def render(report: dict[str, Any]) -> str:
     depths = report["depths"]
-    parts = [headline_text(report["headline"])]
+    parts = [headline_text(report["headline"], depths)]
     for name, scen in report["scenarios"].items():
         parts.append(scenario_text(f"{name} ({report['spec_type']})", scen, report["arms"], depths))
     if report.get("draft_control"):
