@@ -36,17 +36,14 @@ import argparse
 import contextlib
 import http.client
 import json
-import multiprocessing
 import socket
 import statistics
 import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zlib
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,13 +51,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bench import abuse_slots as slots
+from bench.abusers import Attempt, abusers
 from bench.processes import (
     ProxyProcess,
     ended_by_signals,
     start_proxy,
     start_server,
 )
-from supervisor.process import die_with_parent
 
 KEY = "sk-bench-abuse-0123456789"
 _CHAT = {
@@ -139,13 +136,13 @@ def gzip_bomb(inflated: int, *, checksum: bool = True) -> bytes:
     return head + block * count + last + struct.pack("<II", crc, (count * mib) & 0xFFFFFFFF)
 
 
-def _bomb(url: str, inflated: int, interval_s: float, key: str | None) -> Callable[[], int]:
+def _bomb(url: str, inflated: int, interval_s: float, key: str | None) -> Attempt:
     bomb = gzip_bomb(inflated, checksum=False)
     headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
 
-    def send() -> int:
+    def send(_stop: Any) -> int:
         status = _post(url, bomb, headers)
         time.sleep(interval_s)
         return status
@@ -156,7 +153,7 @@ def _bomb(url: str, inflated: int, interval_s: float, key: str | None) -> Callab
 _RETRY_AFTER_429_S = 0.5  # as SDK clients do (they back off on 429), not a tight loop
 
 
-def _pinned(url: str, key: str, profile: str) -> Callable[[], int]:
+def _pinned(url: str, key: str, profile: str) -> Attempt:
     body = json.dumps({**_CHAT, "max_tokens": 64}).encode()
     headers = {
         "Authorization": f"Bearer {key}",
@@ -164,7 +161,7 @@ def _pinned(url: str, key: str, profile: str) -> Callable[[], int]:
         "X-MTP-Profile": profile,
     }
 
-    def send() -> int:
+    def send(_stop: Any) -> int:
         status = _post(url, body, headers, timeout=120)
         if status == 429:
             time.sleep(_RETRY_AFTER_429_S)
@@ -181,69 +178,14 @@ def tiny_items_body(size: int) -> bytes:
     return head + b",{}" * count + tail
 
 
-def _items(url: str, key: str, size: int) -> Callable[[], int]:
+def _items(url: str, key: str, size: int) -> Attempt:
     body = tiny_items_body(size)
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
 
-    def send() -> int:
+    def send(_stop: Any) -> int:
         return _post(url, body, headers, timeout=300)
 
     return send
-
-
-_ACTIONS: dict[str, Callable[..., Callable[[], int]]] = {
-    "bomb": _bomb,
-    "pinned": _pinned,
-    "items": _items,
-}
-
-
-def _abuse_process(
-    kind: str, params: tuple[Any, ...], threads: int, ready: Any, stop: Any, results: Any
-) -> None:
-    """In a process of its own (the measuring client must not share a GIL with the abusers):
-    `threads` threads repeat one action until `stop` is set, then the answers are reported."""
-    die_with_parent()  # a benchmark's processes end with it, whatever ends it
-    action = _ACTIONS[kind](*params)
-    answers: Counter[int] = Counter()
-    lock = threading.Lock()
-
-    def loop() -> None:
-        while not stop.is_set():
-            try:
-                status = action()
-            except OSError:
-                status = 0
-            with lock:
-                answers[status] += 1
-
-    workers = [threading.Thread(target=loop, daemon=True) for _ in range(threads)]
-    for worker in workers:
-        worker.start()
-    ready.set()
-    stop.wait()
-    for worker in workers:
-        worker.join(60)
-    results.put(dict(answers))
-
-
-@contextlib.contextmanager
-def _abuse(kind: str, params: tuple[Any, ...], threads: int) -> Iterator[dict[int, int]]:
-    context = multiprocessing.get_context("spawn")
-    ready, stop, results = context.Event(), context.Event(), context.Queue()
-    process = context.Process(
-        target=_abuse_process, args=(kind, params, threads, ready, stop, results), daemon=True
-    )
-    process.start()
-    answers: dict[int, int] = {}
-    try:
-        if not ready.wait(120):
-            raise RuntimeError(f"the {kind} abusers did not start")
-        yield answers
-    finally:
-        stop.set()
-        answers.update(results.get(timeout=120))
-        process.join(30)
 
 
 def bomb_flood(
@@ -256,14 +198,14 @@ def bomb_flood(
     """gzip bombs from `workers` threads (another process), each sending one every
     `interval_s` (0: back to back, which measures the machine's loopback bandwidth more than
     the proxy: 2 MB per bomb); unauthenticated unless `key` is given."""
-    return _abuse("bomb", (url, inflated, interval_s, key), workers)
+    return abusers(_bomb, (url, inflated, interval_s, key), workers, name="bomb")
 
 
 def pinned_flood(
     url: str, key: str, workers: int, profile: str
 ) -> contextlib.AbstractContextManager[dict[int, int]]:
     """Keyed requests pinned to `profile`, back to back from `workers` threads."""
-    return _abuse("pinned", (url, key, profile), workers)
+    return abusers(_pinned, (url, key, profile), workers, name="pinned")
 
 
 def items_flood(
@@ -271,7 +213,7 @@ def items_flood(
 ) -> contextlib.AbstractContextManager[dict[int, int]]:
     """Keyed chats of `size` bytes of tiny items (tiny_items_body), back to back from
     `workers` threads (another process): each is one body in flight."""
-    return _abuse("items", (url, key, size), workers)
+    return abusers(_items, (url, key, size), workers, name="items")
 
 
 @contextlib.contextmanager

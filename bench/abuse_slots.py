@@ -24,20 +24,19 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import multiprocessing
 import select
 import socket
 import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from bench.abusers import Attempt, abusers
 from bench.processes import ProxyProcess
-from supervisor.process import die_with_parent
 
 ECHO = "echo"  # tests/support/misbehaving_backend.py at a url: answers as each request asks
 ONE = "one"  # a simulated model served by one process, profiles per request
@@ -108,54 +107,16 @@ def _hold_unread(url: str, key: str, stop: Any) -> int:
 _HOLDERS: dict[str, Callable[..., int]] = {"stalled": _hold_stalled, "unread": _hold_unread}
 
 
-def _holders_process(
-    kind: str, params: tuple[Any, ...], threads: int, ready: Any, stop: Any, results: Any
-) -> None:
-    die_with_parent()  # a benchmark's processes end with it, whatever ends it
+def _holding(kind: str, *params: Any) -> Attempt:
     hold = _HOLDERS[kind]
-    answers: Counter[int] = Counter()
-    lock = threading.Lock()
-
-    def loop() -> None:
-        while not stop.is_set():
-            try:
-                status = hold(*params, stop)
-            except OSError:
-                status = 0
-                time.sleep(0.1)  # the proxy refuses connections: do not spin
-            with lock:
-                answers[status] += 1
-
-    workers = [threading.Thread(target=loop, daemon=True) for _ in range(threads)]
-    for worker in workers:
-        worker.start()
-    ready.set()
-    stop.wait()
-    for worker in workers:
-        worker.join(30)
-    results.put(dict(answers))
+    return lambda stop: hold(*params, stop)
 
 
-@contextlib.contextmanager
-def holders(kind: str, params: tuple[Any, ...], threads: int) -> Iterator[dict[int, int]]:
+def holders(
+    kind: str, params: tuple[Any, ...], threads: int
+) -> contextlib.AbstractContextManager[dict[int, int]]:
     """`threads` abusers of `kind` in another process while inside; then what they got."""
-    context = multiprocessing.get_context("spawn")
-    ready, stop, results = context.Event(), context.Event(), context.Queue()
-    process = context.Process(
-        target=_holders_process,
-        args=(kind, params, threads, ready, stop, results),
-        daemon=True,
-    )
-    process.start()
-    answers: dict[int, int] = {}
-    try:
-        if not ready.wait(120):
-            raise RuntimeError(f"the {kind} abusers did not start")
-        yield answers
-    finally:
-        stop.set()
-        answers.update(results.get(timeout=120))
-        process.join(30)
+    return abusers(_holding, (kind, *params), threads, name=kind, pause_s=0.1)
 
 
 # --- the keyed client's probes ------------------------------------------------------------------

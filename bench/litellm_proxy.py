@@ -15,16 +15,12 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.processes import free_port
+from bench.processes import free_port, spawn, stop_child, wait_ok
 
 
 @dataclass
@@ -45,13 +41,7 @@ class LiteLLMProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_child(self.process, 15, group=True)  # its workers too
 
 
 def litellm_config(backends: dict[str, str], master_key: str) -> str:
@@ -101,29 +91,15 @@ def start_litellm(
     log_path = workdir / "litellm.log"
     argv = [binary, "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--num_workers", "1", "--telemetry", "False"]
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    proxy = LiteLLMProcess(process, port, log_path)
-    _wait_live(proxy, timeout)
+    proxy = LiteLLMProcess(spawn(argv, log_path, env=env), port, log_path)
+    try:
+        live = wait_ok(proxy.url + "/health/liveliness", proxy.process, "litellm", timeout=timeout)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}:\n{proxy.tail()}") from None
+    if not live:
+        proxy.stop()
+        raise TimeoutError(f"litellm not live within {timeout}s:\n{proxy.tail()}")
     return proxy
-
-
-def _wait_live(proxy: LiteLLMProcess, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proxy.process.poll() is not None:
-            raise RuntimeError(f"litellm exited {proxy.process.returncode}:\n{proxy.tail()}")
-        try:
-            with urllib.request.urlopen(proxy.url + "/health/liveliness", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.25)
-    proxy.stop()
-    raise TimeoutError(f"litellm not live within {timeout}s:\n{proxy.tail()}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,6 +60,62 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def spawn(
+    argv: list[str],
+    log_path: Path | None,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """A benchmark's child: in a session of its own, ended with the benchmark (parent death
+    signal), its output into ``log_path`` (None: discarded)."""
+    with contextlib.ExitStack() as stack:
+        out: Any = subprocess.DEVNULL
+        if log_path is not None:
+            out = stack.enter_context(log_path.open("wb"))
+        return subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT if log_path is not None else subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=parent_death_hook(),  # noqa: PLW1509 (only calls prctl, looked up before)
+        )
+
+
+def wait_ok(
+    url: str, process: subprocess.Popen[bytes], what: str, *, timeout: float, every_s: float = 0.05
+) -> bool:
+    """Poll ``url`` until it answers 200 (True) or ``timeout`` passes (False); RuntimeError
+    naming ``what`` if the process exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except OSError:  # refused while it starts; URLError and HTTPError are OSErrors
+            pass
+        time.sleep(every_s)
+    return False
+
+
+def stop_child(process: subprocess.Popen[bytes], timeout: float, *, group: bool = False) -> int:
+    """SIGTERM (to its whole process group with ``group``), SIGKILL after ``timeout``."""
+    if process.poll() is None:
+        send = (lambda sig: os.killpg(process.pid, sig)) if group else process.send_signal
+        send(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            send(signal.SIGKILL)
+            process.wait()
+    return process.returncode
+
+
 @dataclass
 class ProxyProcess:
     process: subprocess.Popen[bytes]
@@ -106,14 +162,7 @@ class ProxyProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return stop_child(self.process, timeout)
 
 
 def start_proxy(
@@ -137,17 +186,8 @@ def spawn_proxy(
     config_path.write_text(tomli_w.dumps(config))
     log_path = workdir / "proxy.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config_path)],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=checkout,
-            start_new_session=True,
-            preexec_fn=parent_death_hook(),  # noqa: PLW1509 (only calls prctl, looked up before)
-        )
-    return ProxyProcess(process, log_path, port=0)
+    argv = [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config_path)]
+    return ProxyProcess(spawn(argv, log_path, env=env, cwd=checkout), log_path, port=0)
 
 
 def wait_listening(proxy: ProxyProcess, timeout: float = 20.0) -> int:
@@ -183,13 +223,7 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_child(self.process, 10)
 
 
 def start_simulator(args: list[str], *, timeout: float = 20.0) -> ServerProcess:
@@ -201,23 +235,8 @@ def start_server(module_args: list[str], *, timeout: float = 20.0) -> ServerProc
     """`python -m MODULE ARGS --port P` on a free loopback port P, once GET /health answers 200."""
     port = free_port()
     argv = [sys.executable, "-m", *module_args, "--port", str(port)]
-    process = subprocess.Popen(
-        argv,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=parent_death_hook(),  # noqa: PLW1509 (only calls prctl, looked up before)
-    )
-    server = ServerProcess(process, port)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(server.url + "/health", timeout=1) as response:
-                if response.status == 200:
-                    return server
-        except OSError:
-            if process.poll() is not None:
-                raise RuntimeError(f"{module_args[0]} exited {process.returncode}") from None
-        time.sleep(0.05)
-    server.stop()
-    raise TimeoutError(f"{module_args[0]} not ready within {timeout}s")
+    server = ServerProcess(spawn(argv, None), port)
+    if not wait_ok(server.url + "/health", server.process, module_args[0], timeout=timeout):
+        server.stop()
+        raise TimeoutError(f"{module_args[0]} not ready within {timeout}s")
+    return server
