@@ -38,6 +38,7 @@ class SettingDoc:
     section: type[BaseModel] | None  # the model of the table this field is, if it is one
     array: bool  # the field is an array of tables ([[models]])
     env_var: str | None  # None inside an array of tables: only the whole array can be set
+    advanced: bool = False  # named in its table model's ``advanced_fields``
 
     @property
     def name(self) -> str:
@@ -58,7 +59,8 @@ def _walk(model: type[BaseModel], table: str, env: str | None) -> Iterator[Setti
         key = f"{table}.{name}" if table else name
         section, array = _section_of(field.annotation)
         env_var = f"{env}{name.upper()}" if env is not None else None
-        yield SettingDoc(key, table, field, section, array, env_var)
+        advanced = name in getattr(model, "advanced_fields", frozenset())
+        yield SettingDoc(key, table, field, section, array, env_var, advanced)
         if section is not None:
             inner = None if array or env_var is None else env_var + ENV_DELIMITER
             yield from _walk(section, key, inner)
@@ -173,21 +175,33 @@ def render_reference() -> str:
     return "\n".join(parts)
 
 
+_ADVANCED_NOTE = (
+    "The policy's research knobs: their defaults are what the routing benchmark chose, and "
+    "config.toml marks each (advanced). They sit in the same TOML table as the keys above; "
+    "change one only to measure its effect (`python -m bench.routing`, docs/benchmarks.md)."
+)
+_HEAD = ["| Key | Type | Default | Environment variable | Meaning |", "|---|---|---|---|---|"]
+
+
 def _render_table(table: SettingDoc) -> str:
+    """The table's settings; its advanced ones, if any, in a second table under them."""
     header = f"[[{table.key}]]" if table.array else f"[{table.key}]"
-    lines = [f"## `{header}`", "", _cell(table.description), ""]
-    lines += [
-        "| Key | Type | Default | Environment variable | Meaning |",
-        "|---|---|---|---|---|",
-    ]
-    for doc in setting_docs():
-        if doc.table == table.key:
-            env = f"`{doc.env_var}`" if doc.env_var else "-"
-            default = default_text(doc.field)
-            shown = default if default in ("required", "unset") else _code(default)
-            cells = [f"`{doc.key}`", _code(type_text(doc)), shown, env]
-            lines.append("| " + " | ".join([*cells, _cell(doc.description)]) + " |")
+    docs = [doc for doc in setting_docs() if doc.table == table.key]
+    lines = [f"## `{header}`", "", _cell(table.description), "", *_HEAD]
+    lines += [_row(doc) for doc in docs if not doc.advanced]
+    advanced = [_row(doc) for doc in docs if doc.advanced]
+    if advanced:
+        lines += ["", f"### Advanced `{header}` settings", "", _ADVANCED_NOTE, "", *_HEAD]
+        lines += advanced
     return "\n".join(lines) + "\n"
+
+
+def _row(doc: SettingDoc) -> str:
+    env = f"`{doc.env_var}`" if doc.env_var else "-"
+    default = default_text(doc.field)
+    shown = default if default in ("required", "unset") else _code(default)
+    cells = [f"`{doc.key}`", _code(type_text(doc)), shown, env]
+    return "| " + " | ".join([*cells, _cell(doc.description)]) + " |"
 
 
 def _code(text: str) -> str:

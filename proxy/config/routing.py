@@ -10,7 +10,7 @@ import itertools
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, Self
+from typing import ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -22,6 +22,46 @@ class RoutingSettings(BaseModel):
     """Thresholds and priors of the routing policy. Every figure has a documented default."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    advanced_fields: ClassVar[frozenset[str]] = frozenset(
+        (
+            "cold_short_role",
+            "cold_long_code_role",
+            "cold_long_prose_role",
+            "agent_horizon_tokens",
+            "resident_session_tokens",
+            "break_even_acceptance",
+            "min_samples",
+            "half_life_samples",
+            "cold_exploration_rate",
+            "exploration_max_regret",
+            "exploration_max_tokens",
+            "spill_threshold",
+            "batch_slowdown",
+            "spec_load_penalty",
+            "cold_busy_role",
+            "calibration_tokens",
+            "collapse_retry_s",
+            "collapse_retry_max_s",
+            "busy_epoch_admissions",
+            "load_half_life_requests",
+            "eviction_weight",
+            "affinity_horizon_requests",
+            "chars_per_token",
+            "chars_per_token_half_life",
+            "prior_decode_tok_s",
+            "prior_prefill_tok_s",
+            "prior_output_tokens",
+            "seed",
+            "clock_scale",
+            "max_decode_tok_s",
+            "max_prefill_tok_s",
+            "prior_weight",
+        )
+    )
+    """The policy's research knobs: thresholds, priors and rates whose defaults the routing
+    benchmark chose. The reference lists them in a table of their own and config.toml marks each
+    "(advanced)"; the TOML stays flat, so a file that sets one still reads."""
 
     # --- request classes -------------------------------------------------------------------
     context_buckets: list[int] = Field(

@@ -83,3 +83,11 @@ def test_each_setting_shows_its_meaning_and_default(doc: SettingDoc) -> None:
     if doc.section is None:
         problem = default_problem(doc, entry)
         assert problem is None, f"line {entry.line}: {doc.key} {problem}"
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if d.section is None], ids=lambda d: d.key)
+def test_an_advanced_setting_says_so_and_no_other_does(doc: SettingDoc) -> None:
+    entry = first_shown(doc)
+    assert entry is not None
+    said = words(entry.comment).startswith("(advanced)")
+    assert said == doc.advanced, f"line {entry.line}: {doc.key} advanced={doc.advanced}"

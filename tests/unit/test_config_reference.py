@@ -68,3 +68,21 @@ def test_the_models_variable_replaces_the_whole_list(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("MTP_PROXY_MODELS", json.dumps([model]))
     monkeypatch.setenv("MTP_PROXY_MODEL_NAMES__DEFAULT", "other")
     assert [m.name for m in load_settings(None).models] == ["other"]
+
+
+def test_advanced_settings_name_fields_and_have_a_table_of_their_own() -> None:
+    from proxy.config.routing import RoutingSettings
+
+    advanced = RoutingSettings.advanced_fields
+    assert advanced <= set(RoutingSettings.model_fields), advanced - set(
+        RoutingSettings.model_fields
+    )
+    marked = {doc.name for doc in DOCS if doc.advanced}
+    assert marked == advanced
+    text = render_reference()
+    user, _, rest = text.partition("### Advanced `[routing]` settings")
+    advanced_table = rest.partition("\n## ")[0]
+    for doc in DOCS:
+        if doc.table == "routing":
+            where = advanced_table if doc.advanced else user
+            assert f"| `{doc.key}` |" in where, f"{doc.key} not in its table"
