@@ -135,10 +135,16 @@ class BackendsCollector(Collector):
         family = GaugeMetricFamily(
             "mtp_proxy_backend_busy_depth",
             "The draft depth a one-process backend runs every request admitted beside others "
-            "at now: its busy epoch's (proxy/routing/busy.py). No series until it was first busy.",
+            "at now: its busy epoch's (proxy/routing/busy.py). No series until it was first "
+            "busy, nor for a one-slot process, which never is (mtp_proxy_backend_depth answers "
+            "there).",
             labels=["backend", "model"],
         )
+        backends = self._state.backends
         for epoch in busy_epochs(self._state.router).values():
+            backend = backends.get(epoch.backend)
+            if backend is not None and backend.slots <= 1:
+                continue  # one slot: never anything beside it, so never busy
             family.add_metric([epoch.backend, epoch.model], epoch.depth)
         return family
 

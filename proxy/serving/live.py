@@ -43,7 +43,7 @@ def depths_view(state: ProxyState) -> dict[str, Any]:
     for backend in backends:
         depths = depth_of.get(backend.model, {})
         last = state.recent.last_of_backend.get(backend.name)
-        epoch = epochs.get(backend.name)
+        epoch = epochs.get(backend.name) if backend.slots > 1 else None  # one slot: never busy
         one_process = backend.model in state.router.per_request
         decoding = state.router.decoding(backend.name)
         depth, why = _now(backend, decoding, one_process, depths, epoch, last)

@@ -106,6 +106,7 @@ EMPTY_AT_PROFILE: dict[tuple[str, str, str], str] = {
         }.items()
         for ref in refs
     },
+    ("profile off", "Learned routing table", "B"): "off never drafts: no acceptance learned",
     ("profile off", "Speedup against off (learned)", "A"): "off against itself is no speedup",
     ("profile off", "Speedup against off (learned)", "B"): "off against itself is no speedup",
     **{
@@ -124,12 +125,14 @@ EMPTY_AT_PROFILE: dict[tuple[str, str, str], str] = {
         for p in PROFILE_VALUES
     },
     **{
-        ("profile bad", title, ref): "the misbehaving backend answers without timings: no "
-        "decode speed, nothing learned"
+        ("profile bad", title, ref): "the misbehaving backend answers without usage or timings: "
+        "no tokens, no decode speed; what it taught is samples without a speed"
         for title, refs in {
+            "Output tokens/s": "A",
+            "Context tokens p50 / p95 by profile": "AB",
             "Decode speed by profile and load level": "AB",
-            "Speedup against off (learned)": "AB",
-            "Learned routing table": "ABC",
+            "Speedup against off (learned)": "A",
+            "Learned routing table": "AB",
         }.items()
         for ref in refs
     },

@@ -40,10 +40,10 @@ def collapsed_gauge(proxy: ProxyProcess) -> float:
     raise AssertionError("no mtp_proxy_acceptance_collapsed series")
 
 
-def drafting_rows(proxy: ProxyProcess) -> dict[tuple[str, str], Any]:
+def drafting_rows(proxy: ProxyProcess) -> dict[tuple[str, str, str], Any]:
     _, routing = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
     return {
-        (r["request_class"], r["profile"]): (r["acceptance"], r["samples"])
+        (r["request_class"], r["load_level"], r["profile"]): (r["acceptance"], r["samples"])
         for r in routing["learned"]
         if r["profile"] != "off"
     }

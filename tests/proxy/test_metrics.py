@@ -367,6 +367,7 @@ def test_label_values_are_bounded(run: Run) -> None:
         "backend": {f"{MODEL}/{p}" for p in PROFILES},
         "request_class": {CLASS, UNROUTED},
         "load_level": {"any"},  # a pool's: measured across loads
+        "source": {"pool"},  # the depth now of a pool process: its profile's
         "cause": set(CLOSE_CAUSES),
         "spec_type": {"none", "draft-mtp"},
         "draft_model": {""},

@@ -319,6 +319,9 @@ def mixed_burst(url: str) -> list[Sent]:
         bodies.append({**body, "model": "claude-sonnet-4-5" if i % 4 == 0 else MODEL})
     with ThreadPoolExecutor(4) as pool:
         sent = list(pool.map(lambda body: send(url, "chat", body), bodies))
+    # max alone: learned at load 1, while off was learned only beside others in the burst.
+    pinned = {"X-MTP-Profile": "max"}
+    sent.append(send(url, "chat", body_for("chat", stream=False, text="alone"), headers=pinned))
     for stream in (False, True):
         sent.append(send(url, "chat", {**body_for("chat", stream=stream), "model": SOLO}))
     assert {s.status for s in sent} == {200}, sent
@@ -354,6 +357,12 @@ def test_the_page_answers_whether_drafting_pays_from_the_first_minute(tmp_path: 
                 "return r && r.querySelector('td.c-model').innerText;",
                 claude.request_id,
             )
+            learned_rows = browser.wait_for(
+                "the learned table",
+                "const rows = [...document.querySelectorAll('#learned tr[data-class]')];"
+                "return rows.length && rows.map((r) => [r.dataset.class,"
+                "  [...r.querySelectorAll('td[data-level]')].map((c) => c.dataset.level)]);",
+            )
             browser.full_height()
             png = browser.screenshot(DRAFTING_SHOT)
             errors = browser.console_errors()
@@ -372,6 +381,10 @@ def test_the_page_answers_whether_drafting_pays_from_the_first_minute(tmp_path: 
     assert all(
         text == "mended" and "neutral" in cls and "warn" not in cls for _, text, cls in pills
     )
+    # The learned table sets side by side only what was measured at one load.
+    for label, levels in learned_rows:
+        assert len(set(levels)) == 1 and label.endswith(f"@{levels[0]}"), (label, levels)
+    assert any(label == "<4k/prose@1" for label, _ in learned_rows), learned_rows
     assert model_cell.splitlines() == ["claude-sonnet-4-5", f"served by {MODEL}"], model_cell
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
     assert errors == [], errors

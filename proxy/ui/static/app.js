@@ -449,8 +449,11 @@
     for (const row of learned) {
       if (!groups.has(row.model)) groups.set(row.model, new Map());
       const classes = groups.get(row.model);
-      if (!classes.has(row.request_class)) classes.set(row.request_class, { row, cells: {} });
-      classes.get(row.request_class).cells[row.profile] = row;
+      // One row per class and load level: off and a depth side by side only when both were
+      // measured at the same load.
+      const key = `${row.request_class}@${row.load_level}`;
+      if (!classes.has(key)) classes.set(key, { row, cells: {} });
+      classes.get(key).cells[row.profile] = row;
     }
     const rows = [];
     for (const [model, classes] of groups) {
@@ -488,7 +491,8 @@
     return el("td", {
       class: `cell${row.trusted ? "" : " untrusted"}`,
       title: row.trusted ? "trusted" : "too few samples to be trusted yet",
-      data: { profile: row.profile, speedup: speedup === null ? "" : speedup.toFixed(3) },
+      data: { profile: row.profile, level: String(row.load_level),
+        speedup: speedup === null ? "" : speedup.toFixed(3) },
     }, parts);
   }
 
