@@ -30,6 +30,9 @@ MTP_MODEL_GEMMA3_270M=$(PYTHON=.venv/bin/python bash scripts/fetch-models.sh gem
 MTP_MODEL_SMOLLM2_135M=$(PYTHON=.venv/bin/python bash scripts/fetch-models.sh smollm2-135m | tail -n 1)
 export MTP_MODEL_GEMMA3_270M MTP_MODEL_SMOLLM2_135M
 bash scripts/install-tools.sh
+# The balancers of tests/boxes: LiteLLM's proxy server (PyPI, pinned, its own venv under
+# .balancers/) and Debian's nginx.
+bash scripts/install-balancers.sh
 # The real agent CLIs of the `clients` tests (npm and PyPI, pinned in scripts/clients.lock; a
 # few minutes the first time, nothing once installed).
 bash scripts/install-clients.sh
