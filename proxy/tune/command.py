@@ -244,10 +244,15 @@ async def _apply_own(
     config: Path = args.apply
     where = effective_state_file(config, service_variables(config, os.environ))
     unit = unit_process(UNIT.name) if unit_runs(config) else None  # a unit of this config
-    pid, url = None, None
+    pid, url, unreachable = None, None, None
+    key = settings.server.admin_key
     if running_service(settings.server.host, settings.server.port) is not None:
         url = f"http://{settings.server.host}:{settings.server.port}"
-        key = settings.server.admin_key
+        unreachable = (
+            f"a service answers at {url}, but tune could not ask it which process it is "
+            f"(server.admin_key of {config}): reload it with `sudo systemctl reload mtp-proxy` "
+            "or `kill -HUP PID`"
+        )
         if key is not None:
             try:
                 async with aiohttp.ClientSession(trust_env=False) as session:
@@ -257,7 +262,10 @@ async def _apply_own(
                     where = StateFile(Path(info.state_file), f"the service at {url}")
             except ServiceError:
                 pid = None
-    return await _apply(job, outcome, config, where, pid, unit, url=url, admin_key=None)
+    secret = None if key is None else key.get_secret_value()  # to see the reload done
+    return await _apply(
+        job, outcome, config, where, pid, unit, url=url, admin_key=secret, unreachable=unreachable
+    )
 
 
 # --- through the running service ---------------------------------------------------------
@@ -320,17 +328,20 @@ async def _apply_service(
         else StateFile(None, f"the service at {info.url} keeps no state file")
     )
     pid: int | None = info.pid
+    unreachable = None
     if info.config_path is None or not same_file(Path(info.config_path), config):
-        print(
-            f"note: the service reads {info.config_path or 'its embedded default'}, not "
-            f"{config}: it is not reloaded (apply to its own file to change what it serves)"
+        unreachable = (
+            f"the service at {info.url} (pid {info.pid}) reads "
+            f"{info.config_path or 'its embedded default'}, not {config}: it is not reloaded "
+            "and serves what it did (apply to its own file, or restart it with --config "
+            f"{config})"
         )
         pid = None
     found = unit_process(UNIT.name)
     unit = found if found is not None and found.pid == info.pid else None  # its own unit
     return await _apply(
         job, outcome, config, where, pid, unit, url=info.url, admin_key=admin_key,
-        keep_start_depth=start_depth,
+        keep_start_depth=start_depth, unreachable=unreachable,
     )  # fmt: skip
 
 
@@ -348,8 +359,10 @@ async def _apply(
     url: str | None,
     admin_key: str | None,
     keep_start_depth: int | None = None,
+    unreachable: str | None = None,
 ) -> int:
-    """--apply: the config, the learned file, the reload (proxy.tune.report.apply)."""
+    """--apply: the config, the learned file, the reload (proxy.tune.report.apply). Each line
+    says applied, not applied or note, and the exit code agrees: 4 when a part is not done."""
     rec = outcome.rec
     if rec is None or outcome.table is None:
         print("not applied: nothing was measured")
@@ -366,16 +379,22 @@ async def _apply(
         return EXIT_NOT_APPLIED
     state_lines, written = write_state(where, outcome.seeder(job), job.routing, job.args.out)
     asked_at = time.time()
-    reload_lines, signalled = reload_service(pid, unit)
-    for line in [*lines, *state_lines, *reload_lines]:
+    reload = reload_service(pid, unit, unreachable=unreachable)
+    for line in lines:
         print(f"applied: {line}")
-    if signalled is not None and url is not None:
-        seen = await await_reload(
+    state_word = {True: "applied", None: "note", False: "not applied"}[written]
+    for line in state_lines:
+        print(f"{state_word}: {line}")
+    print(f"{'applied' if reload.done else 'not applied'}: {reload.line}")
+    done = written is not False and reload.done
+    if reload.pid is not None and url is not None:
+        seen, served = await await_reload(
             url, admin_key, job.model, [p.name for p in rec.profiles], 600.0,
             state_after=asked_at if written else None,
         )  # fmt: skip
-        print(f"applied: {seen}")
-    return outcome.code if written else EXIT_NOT_APPLIED
+        print(f"{'applied' if served else 'not applied'}: {seen}")
+        done = done and served
+    return outcome.code if done else EXIT_NOT_APPLIED
 
 
 async def _drive(

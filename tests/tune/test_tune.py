@@ -15,6 +15,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -302,6 +303,8 @@ def test_without_matplotlib_the_table_alone_said_once(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("matplotlib is not installed") == 1
+    # The one command that adds them to this environment (serve.sh's has no plot extra).
+    assert f"add them with `{sys.executable} -m pip install 'matplotlib>=3.8'`" in done.stdout
     assert not list(out.glob("*.png"))
     assert (out / "results.csv").exists() and (out / "profiles.toml").exists()
     # One repeat: no spread, so nothing is declared better than off, and the file says why.

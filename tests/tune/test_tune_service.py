@@ -146,6 +146,48 @@ def test_url_then_apply_seeds_the_state_the_service_reads_and_reloads_it(tmp_pat
     assert any("SIGHUP" in line for line in applied)
 
 
+def test_apply_to_the_running_demo_without_a_state_file_exits_0_and_it_serves_them(
+    tmp_path: Path,
+) -> None:
+    """The demo keeps no learned file: that is a note, not a failure; the service is the one
+    tune talked to, it is reloaded and serves the new profiles, and the exit code is 0. Applied
+    to a file the service does not read, it says so (never "not running") and exits 4."""
+    model = simulator_model(
+        preset="setup-b", time_scale=500.0, slots=2, draft_control="per-request",
+        extra_args=["--latent-sigma", "0"],
+    )  # fmt: skip
+    config = {
+        "server": {"host": "127.0.0.1", "port": 0, "admin_key": ADMIN_KEY},
+        "supervisor": {"stagger_s": 0.0},
+        "routing": {"clock_scale": 500.0},
+        "models": [model],
+    }
+    with running_proxy(config, tmp_path / "proxy") as proxy:
+        wait_all_ready(proxy, {"mtp-demo": 1})
+        other = tmp_path / "other.toml"
+        other.write_text((tmp_path / "proxy" / "config.toml").read_text())
+        elsewhere = run_tune_url(
+            proxy.url, ADMIN_KEY, tmp_path / "out", "--settings", "off,3", "--repeats", "2",
+            "--apply", str(other),
+        )  # fmt: skip
+        done = run_tune_url(
+            proxy.url, ADMIN_KEY, tmp_path / "out", "--settings", "off,3", "--repeats", "2",
+            "--apply", str(tmp_path / "proxy" / "config.toml"),
+        )  # fmt: skip
+        service = _admin(proxy, "/admin/service")
+    assert elsewhere.returncode == 4, elsewhere.stdout[-2000:]
+    assert "not running" not in elsewhere.stdout
+    assert f"not applied: the service at {proxy.url} (pid " in elsewhere.stdout
+    assert f"not {other}: it is not reloaded" in elsewhere.stdout
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("note: state file: none in force") for line in lines)
+    assert any(line.startswith("applied: reload asked of the service (SIGHUP") for line in lines)
+    assert "applied: the service serves off, n3; learned state: " in done.stdout
+    assert not any(line.startswith("not applied") for line in lines)
+    assert [p["name"] for p in service["models"][0]["profiles"]] == ["off", "n3"]
+
+
 def test_quick_follows_the_simulators_time_scale_and_is_provisional(tmp_path: Path) -> None:
     """--quick: the short grid, one repeat; the estimate comes from a warm-up at the simulator's
     time scale (given on the command line) and says the time at real speed too."""

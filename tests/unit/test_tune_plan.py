@@ -250,6 +250,28 @@ def test_the_time_left_follows_the_measured_pace(monkeypatch: pytest.MonkeyPatch
     assert "left ~2m46s" in stream.getvalue()  # printed with each request (not a terminal)
 
 
+def test_the_estimate_is_said_again_after_the_first_requests_measured() -> None:
+    """The plan said 10 s a request (a warm-up, or priors); the first three took 1 s each (a
+    small model that stops early): the run says its new total once, at the third."""
+    now = [0.0]
+    stream = io.StringIO()
+    progress = Progress(20, 200.0, stream, clock=lambda: now[0])
+    for _ in range(2):
+        now[0] += 1.0
+        progress.tick("r", 10.0)
+    assert "in all now" not in stream.getvalue()
+    now[0] += 1.0
+    progress.tick("r", 10.0)
+    said = [line for line in stream.getvalue().splitlines() if "in all now" in line]
+    assert said == [
+        "tune: the first 3 requests took 3s where the plan said 30s: ~20s in all now (the plan "
+        "said ~3m20s); the time left follows the pace as it goes"
+    ]
+    for _ in range(5):
+        progress.tick("r", 10.0)
+    assert stream.getvalue().count("in all now") == 1
+
+
 def test_a_process_that_ignores_the_depth_or_a_single_process_serves_its_own_setting() -> None:
     stock = replace(_served("one-process"), draft_control="ignored")
     routes, refused = stock.routes([OFF, N2, N3])

@@ -174,15 +174,16 @@ def _own(path: Path, owner: Owner) -> None:
 
 def write_state(
     where: StateFile, seed: Any, routing: RoutingSettings, out: Path
-) -> tuple[list[str], bool]:
+) -> tuple[list[str], bool | None]:
     """Seed the learned file in force: ``seed(base)`` adds the measurements to the state loaded
-    from it. The lines saying what was done, and whether the file was written."""
+    from it. The lines saying what was done, and whether the file was written (None: no file
+    is in force, so there is none to seed: the service learns from its requests)."""
     if where.path is None:
         return [
-            f"state file: none in force ({where.source}); the seeded state is "
+            f"state file: none in force ({where.source}), so none seeded; the seeded state is "
             f"{out / 'routing-state.json'}: set routing.state_file (or the environment "
             "variable) to a copy of it and restart the service to start warm"
-        ], False
+        ], None
     base = LearnedStats.load(where.path, routing)
     stats: LearnedStats = seed(base)
     try:
@@ -256,13 +257,29 @@ def parse_show(unit: str, text: str) -> UnitProcess | None:
     return UnitProcess(unit, int(pid)) if int(pid) > 0 else None
 
 
-def reload_service(pid: int | None, unit: UnitProcess | None) -> tuple[list[str], int | None]:
-    """Ask the service to reload (SIGHUP, as the unit's ExecReload does); the lines saying so,
-    and the pid signalled (None: not done). ``unit``: the running unit that serves the config."""
+@dataclass(frozen=True)
+class Reload:
+    """What the reload came to: its line, the pid signalled (None: none), and whether the
+    service will serve the applied files (signalled, or not running: it starts with them)."""
+
+    line: str
+    pid: int | None
+    done: bool
+
+
+def reload_service(
+    pid: int | None, unit: UnitProcess | None, *, unreachable: str | None = None
+) -> Reload:
+    """Ask the service to reload (SIGHUP, as the unit's ExecReload does). ``unit``: the running
+    unit that serves the config. ``unreachable``: why a service that runs cannot be signalled
+    by tune (it reads another file, its pid is unknown): said as not done, never as "not
+    running"."""
     if pid is None and unit is not None:
         pid = unit.pid
     if pid is None:
-        return ["the service is not running: it starts with the applied config and state"], None
+        if unreachable is not None:
+            return Reload(unreachable, None, False)
+        return Reload("the service is not running: it starts with the applied config", None, True)
     try:
         os.kill(pid, signal.SIGHUP)
     except PermissionError:
@@ -270,7 +287,9 @@ def reload_service(pid: int | None, unit: UnitProcess | None) -> tuple[list[str]
             line = f"sudo systemctl reload {unit.unit.removesuffix('.service')}"
         else:
             line = f"sudo kill -HUP {pid}"
-        return [f"not allowed to signal the service (pid {pid}): reload it with `{line}`"], None
+        return Reload(f"not allowed to signal the service (pid {pid}): reload it with `{line}`",
+                      None, False)  # fmt: skip
     except ProcessLookupError:
-        return [f"the service (pid {pid}) is gone: it starts with the applied config"], None
-    return [f"reload asked of the service (SIGHUP to pid {pid})"], pid
+        return Reload(f"the service (pid {pid}) is gone: it starts with the applied config", None,
+                      True)  # fmt: skip
+    return Reload(f"reload asked of the service (SIGHUP to pid {pid})", pid, True)

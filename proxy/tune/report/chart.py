@@ -16,6 +16,10 @@ charts are skipped and the caller says so once.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,18 @@ def available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def install_command() -> str:
+    """The one command that adds the charts to this environment (scripts/serve.sh's virtualenv
+    has no plot extra): this interpreter's pip and the plot extra's requirement."""
+    needed = "matplotlib"
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        for requirement in importlib.metadata.requires("mtp-proxy") or []:
+            if requirement.startswith("matplotlib") and 'extra == "plot"' in requirement:
+                needed = requirement.split(";")[0].strip()
+    command = shlex.join([sys.executable, "-m", "pip", "install", needed])
+    return f"add them with `{command}`, then rerun the same command (it measures nothing again)"
 
 
 def chart_name(label: str) -> str:

@@ -128,7 +128,7 @@ def finish(job: Job, failures: Failures, *, interrupted: bool) -> Outcome:
         charts = chart.write_charts(out, table_rows, job.model)
         print(f"charts: {len(charts)} PNG files in {out} (one per class, and {chart.SUMMARY})")
     else:
-        print("no charts: matplotlib is not installed (pip install 'mtp-proxy[plot]')")
+        print(f"no charts: matplotlib is not installed here; {chart.install_command()}")
     print(f"written: {out}/results.csv, results.json, profiles.toml, routing-state.json")
     if interrupted:
         code = EXIT_INTERRUPTED

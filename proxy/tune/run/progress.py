@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 _BAR = 28
+CALIBRATED_AFTER = 3
+"""Requests measured before the estimate is said again, from their measured pace: the plan's
+comes from a warm-up (or priors) and may be far off (a small model that stops early)."""
+
+
+def _now() -> float:
+    return time.monotonic()  # looked up at each call: a test may move the clock
 
 
 def format_duration(seconds: float) -> str:
@@ -38,6 +46,7 @@ class Progress:
         *,
         starts: int = 0,
         start_s: float = 0.0,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
@@ -49,12 +58,14 @@ class Progress:
         self.start_s = start_s
         self.starting_s = 0.0  # wall seconds spent starting backends, not measuring
         self.phase = ""
-        self._started = time.monotonic()
+        self._clock = clock or _now
+        self._started = self._clock()
+        self._planned_wall = planned_s + starts * start_s
         self._line_open = False
 
     def eta_s(self) -> float:
         left = max(self.planned_s - self.planned_done, 0.0)
-        measuring = time.monotonic() - self._started - self.starting_s
+        measuring = self._clock() - self._started - self.starting_s
         if self.planned_done > 0 and measuring > 0:
             left *= measuring / self.planned_done
         return left + self.starts_left * self.start_s
@@ -75,11 +86,25 @@ class Progress:
     def tick(self, what: str, planned_s: float = 0.0) -> None:
         self.done += 1
         self.planned_done += planned_s
+        if self.done == CALIBRATED_AFTER and self.planned_done > 0:
+            self._say_calibrated()
         if self.tty:
             self._draw()
         else:
             eta = format_duration(self.eta_s())
             self._line(f"tune: [{self.done}/{self.total}] {self.phase} {what} (left ~{eta})")
+
+    def _say_calibrated(self) -> None:
+        """The estimate again, from the first requests' measured pace (once)."""
+        elapsed = self._clock() - self._started
+        measuring = elapsed - self.starting_s
+        total = format_duration(elapsed + self.eta_s())
+        planned = format_duration(self._planned_wall)
+        self.note(
+            f"tune: the first {self.done} requests took {format_duration(measuring)} where the "
+            f"plan said {format_duration(self.planned_done)}: ~{total} in all now (the plan "
+            f"said ~{planned}); the time left follows the pace as it goes"
+        )
 
     def skip(self, planned_s: float = 0.0) -> None:
         """A request that will not be sent (its class is given up): the plan shrinks."""

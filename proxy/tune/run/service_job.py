@@ -94,10 +94,10 @@ async def await_reload(
     timeout_s: float,
     *,
     state_after: float | None = None,
-) -> str:
+) -> tuple[str, bool]:
     """Wait until the service serves ``profiles`` for ``model`` on a ready backend (and, with
     ``state_after``, loaded its learned file since that time); what it says then (its learned
-    file's load report), or why it did not within the time."""
+    file's load report) and True, or why it did not within the time and False."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
     async with aiohttp.ClientSession(trust_env=False) as session:
@@ -109,12 +109,13 @@ async def await_reload(
                 health = await _health(session, url)
                 loaded = state_after is None or (info.state_loaded_at or 0.0) >= state_after
                 if names == profiles and health.get(model, 0) > 0 and loaded:
-                    return f"the service serves {', '.join(names)}; learned state: {info.state}"
+                    served_now = f"the service serves {', '.join(names)}"
+                    return f"{served_now}; learned state: {info.state}", True
                 last = f"profiles {', '.join(names)}, ready backends {health.get(model, 0)}"
             except ServiceError as exc:
                 last = str(exc)
             await asyncio.sleep(0.2)
-    return f"the reload was not seen within {timeout_s:.0f}s ({last})"
+    return f"the reload was not seen within {timeout_s:.0f}s ({last})", False
 
 
 async def _health(session: aiohttp.ClientSession, url: str) -> dict[str, int]:
