@@ -357,6 +357,10 @@ def test_the_page_answers_whether_drafting_pays_from_the_first_minute(tmp_path: 
                 "return r && r.querySelector('td.c-model').innerText;",
                 claude.request_id,
             )
+            widths = browser.run(
+                "return [...document.querySelectorAll('#live section')]"
+                ".map((s) => [s.id, s.scrollWidth, s.clientWidth]);"
+            )
             learned_rows = browser.wait_for(
                 "the learned table",
                 "const rows = [...document.querySelectorAll('#learned tr[data-class]')];"
@@ -381,6 +385,8 @@ def test_the_page_answers_whether_drafting_pays_from_the_first_minute(tmp_path: 
     assert all(
         text == "mended" and "neutral" in cls and "warn" not in cls for _, text, cls in pills
     )
+    # Nothing is wider than the 1400 px window: no section scrolls sideways.
+    assert all(scroll <= client for _, scroll, client in widths), widths
     # The learned table sets side by side only what was measured at one load.
     for label, levels in learned_rows:
         assert len(set(levels)) == 1 and label.endswith(f"@{levels[0]}"), (label, levels)

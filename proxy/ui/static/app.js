@@ -233,7 +233,7 @@
       return el("tr", { data: { backend: b.name, state: b.state } },
         el("td", { text: b.name }),
         el("td", { text: b.model }),
-        el("td", { text: serves }),
+        el("td", { class: "c-serves", text: serves }),
         el("td", { class: "c-spec", data: { specType: b.spec_type || "" },
           text: speculation(b) }),
         el("td", { class: "c-state" }, pill(b.state)),
