@@ -298,4 +298,4 @@ def test_init_and_check_config_give_one_memory_figure(tmp_path: Path) -> None:
     said = re.search(r"~(\d+\.\d+ GiB) needed as check-config estimates it, plus", init.stderr)
     assert said, init.stderr
     checked = run_cli("check-config", "--config", str(out))
-    assert f"  m/one-copy: ~{said.group(1)} (model " in checked.stdout, checked.stdout
+    assert f"  m/one-process: ~{said.group(1)} (model " in checked.stdout, checked.stdout

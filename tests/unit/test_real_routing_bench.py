@@ -208,7 +208,7 @@ def test_the_headline_and_the_text_report() -> None:
         ),
         "calibration": {
             "ngram-mod adaptive": {
-                "gemma3-270m/one-copy": {
+                "gemma3-270m/one-process": {
                     "levels": {
                         "1": {"deep_vs_off": 1.2, "cold_role": "rules"},
                         "4": {"deep_vs_off": 0.9, "cold_role": "off", "by_kind": {"code": 0.9}},
