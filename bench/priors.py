@@ -44,7 +44,7 @@ def config(workdir: Path, box: str) -> dict[str, Any]:
         "routing": {
             "clock_scale": 50.0,
             "seed": 7,
-            "state_file": str(workdir / "learned.json"),
+            "learned_file": str(workdir / "learned.json"),
             "box_id": box,
         },
         "models": [

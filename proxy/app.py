@@ -73,8 +73,8 @@ _BACKLOG = 4096
 def create_app(settings: Settings, *, registry: CollectorRegistry) -> web.Application:
     server = settings.server
     backends = LiveBackends()
-    state_file = settings.routing.state_file
-    learned_file = None if state_file is None else LearnedFile(state_file)
+    path = settings.routing.learned_file
+    learned_file = None if path is None else LearnedFile(path)
     state = ProxyState(
         settings=settings,
         registry=registry,

@@ -89,7 +89,7 @@ class ProxyState:
     supervisor: Supervisor | None = None
     config_path: Path | None = None  # the file a reload re-reads (None: the embedded default)
     learned_file: LearnedFile | None = None
-    """The learned file (routing.state_file) as the proxy last read or wrote it (None: none)."""
+    """The learned file (routing.learned_file) as the proxy last read or wrote it (None: none)."""
     listening: bool = False  # the listener is up: READY=1 may be sent from now on
     notified_ready: bool = False
     startup: StartupWatch = field(default_factory=StartupWatch)

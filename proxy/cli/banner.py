@@ -68,8 +68,8 @@ def _first_answer(settings: Settings) -> list[str]:
         for model in settings.models
     ):
         return []
-    kept = settings.routing.state_file
-    where = f"kept in {kept}" if kept else "measured again at each start: no routing.state_file"
+    kept = settings.routing.learned_file
+    where = f"kept in {kept}" if kept else "measured again at each start: no routing.learned_file"
     return [f"(answered once the backend is calibrated: ~25 s at 27B speed, {where})"]
 
 

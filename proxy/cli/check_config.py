@@ -3,7 +3,7 @@ what it will do. Exit status 2 lists every problem: invalid settings, a missing 
 binary, a model file that does not exist or cannot be read, a GGUF without the MTP layers its
 profiles draft with, a speculative type the configured llama-server does not know (its
 ``--help``), a draft model missing or of the wrong kind for its type or of another vocabulary
-than the model's, a state file the service's user cannot write.
+than the model's, a learned file the service's user cannot write.
 
 When the installed systemd unit runs this very file, its Environment= lines apply as they will
 in the service (they beat the file); every setting the environment overrides is printed with
@@ -21,7 +21,7 @@ from typing import Any
 
 from proxy.config.overrides import (
     Variable,
-    effective_state_file,
+    effective_learned_file,
     overrides,
     service_unit,
     service_variables,
@@ -29,7 +29,7 @@ from proxy.config.overrides import (
 )
 from proxy.config.sandbox import Sandbox, read_problem, read_sandbox, write_problem
 from proxy.config.settings import ConfigError, ModelSettings, Settings, load_settings
-from proxy.lifecycle.learned_file import state_file_problem
+from proxy.lifecycle.learned_file import learned_file_problem
 from proxy.plans.known_types import known_type_problems
 from proxy.plans.model_files import model_file_problems
 from proxy.plans.plan import (
@@ -58,8 +58,8 @@ def check_config(path: Path, unit: Path | None = None) -> int:
     for warning in help_warnings:  # now: they say what the types were checked against
         print(f"warning: {warning}", file=sys.stderr)
     service = service_unit(path, unit)
-    user = unit_user(service)  # the state file as the service will keep it
-    if (problem := state_file_problem(settings.routing.state_file, user)) is not None:
+    user = unit_user(service)  # the learned file as the service will keep it
+    if (problem := learned_file_problem(settings.routing.learned_file, user)) is not None:
         problems.append(problem)
     if service is not None:
         problems += sandbox_problems(settings, read_sandbox(service))
@@ -84,7 +84,7 @@ def check_config(path: Path, unit: Path | None = None) -> int:
     print("environment overrides (they beat the file):" + ("" if found else " none"))
     for override in found:
         print(f"  {override.line()}")
-    print(effective_state_file(path, variables).line())
+    print(effective_learned_file(path, variables).line())
     memory = run_preflight(settings, plans=plans)
     print("\n".join(render(memory)))
     for variable in unknown:
@@ -112,9 +112,9 @@ def sandbox_problems(settings: Settings, sandbox: Sandbox) -> list[str]:
         for where, file in named.items():
             problem = read_problem(sandbox, Path(file).expanduser().absolute())
             problems += [] if problem is None else [f"{where}: {problem}"]
-    state = settings.routing.state_file
+    state = settings.routing.learned_file
     if state is not None and (problem := write_problem(sandbox, state.absolute())) is not None:
-        problems.append(f"routing.state_file: {problem}")
+        problems.append(f"routing.learned_file: {problem}")
     return problems
 
 

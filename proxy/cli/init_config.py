@@ -30,7 +30,7 @@ from proxy.plans.preflight import gib, model_file_size
 from supervisor.memory import DRAFT_HEADROOM_BYTES, GIB, estimate_vram_bytes, query_free_gpu_bytes
 from supervisor.spec_types import MTP, SPEC_TYPES
 
-STATE_FILE = "/var/lib/mtp-proxy/learned-stats.json"  # the unit's StateDirectory
+LEARNED_FILE = "/var/lib/mtp-proxy/learned-stats.json"  # the unit's StateDirectory
 _CTX_STEP = 1024
 _MIN_CTX = 4096
 
@@ -83,9 +83,10 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     init.add_argument("--binary", help="the llama-server to use (default: the best one found)")
     init.add_argument(
+        "--learned-file",
         "--state-file",
-        default=STATE_FILE,
-        help=f"routing.state_file, the learned statistics (default: {STATE_FILE})",
+        default=LEARNED_FILE,
+        help=f"routing.learned_file, the learned statistics (default: {LEARNED_FILE})",
     )
     init.add_argument(
         "--force", action="store_true", help="replace --out if it exists (kept as FILE.bak)"
@@ -131,7 +132,7 @@ def build_config(args: argparse.Namespace) -> tuple[str, list[str]]:
         build=build,
         context=context,
         admin_key=secrets.token_hex(24),  # hex: no leading "-" to trip --admin-key KEY
-        state_file=args.state_file,
+        learned_file=args.learned_file,
         drafting=drafting,
     )
     notes = [
@@ -143,7 +144,7 @@ def build_config(args: argparse.Namespace) -> tuple[str, list[str]]:
         "next: mtp-proxy check-config --config FILE, then (as a service) "
         "sudo systemctl restart mtp-proxy",
     ]
-    notes += [f"warning: {w}" for w in _sandbox_warnings(model, draft, build, args.state_file)]
+    notes += [f"warning: {w}" for w in _sandbox_warnings(model, draft, build, args.learned_file)]
     return text, notes
 
 
@@ -252,7 +253,7 @@ def render(
     build: Build,
     context: Context,
     admin_key: str,
-    state_file: str,
+    learned_file: str,
     drafting: Drafting,
 ) -> str:
     title = f' "{facts.name}"' if facts.name else ""
@@ -275,7 +276,7 @@ level = "info"
 
 [routing]
 # The learned statistics survive restarts in this file (the systemd unit's state directory).
-state_file = "{state_file}"
+learned_file = "{learned_file}"
 
 {_model_text(name, model, build, context, drafting)}
 {_profiles_text(drafting)}

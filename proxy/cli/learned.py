@@ -1,7 +1,7 @@
 """``mtp-proxy learned export FILE`` and ``mtp-proxy learned import FILE...``: what one box
 learned, as priors for others (proxy.routing.priors).
 
-export: the learned file (``routing.state_file``) as additive statistics, keyed by what it was
+export: the learned file (``routing.learned_file``) as additive statistics, keyed by what it was
 learned on. import: exports checked whole, merged, and written as the learned file's priors; a
 running proxy takes them at its next reload (SIGHUP) or start, for the cells it has not learned
 itself. Nothing is written when any file is refused.
@@ -44,16 +44,16 @@ def add_parser(commands: Any) -> None:
     imported = actions.add_parser("import", help="merge exports into this box's priors")
     imported.add_argument("files", type=Path, nargs="+", help="exports of other boxes")
     for action in (export, imported):
-        action.add_argument("--config", type=Path, help="the TOML file (routing.state_file)")
+        action.add_argument("--config", type=Path, help="the TOML file (routing.learned_file)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.config is not None:
         apply_service_environment(args.config)
     settings = load_or_exit(args.config)
-    path = settings.routing.state_file
+    path = settings.routing.learned_file
     if path is None:
-        print("mtp-proxy learned: routing.state_file is not set: nothing learned is kept")
+        print("mtp-proxy learned: routing.learned_file is not set: nothing learned is kept")
         return 2
     if args.action == "export":
         return _export(settings, path, args.file)

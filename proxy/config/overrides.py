@@ -2,7 +2,7 @@
 (this shell, or the systemd unit's Environment=), what the file says, and the learned file in
 force. `check-config` prints them; `tune --apply` seeds that learned file.
 
-Environment variables beat the file (`MTP_PROXY_ROUTING__STATE_FILE` over `routing.state_file`),
+Environment variables beat the file (`MTP_PROXY_ROUTING__LEARNED_FILE` over `routing.learned_file`),
 and the unit installed by deploy/systemd/install.sh sets some: without this report a value in
 the file can be silently not the one in force. The unit counts when its ExecStart serves the
 config at hand; its assignments then beat this shell's.
@@ -27,7 +27,8 @@ from proxy.config.reference import ENV_PREFIX, setting_docs, toml_value
 
 UNIT = Path("/etc/systemd/system/mtp-proxy.service")
 """Where deploy/systemd/install.sh installs the unit."""
-STATE_FILE_VARIABLE = f"{ENV_PREFIX}ROUTING__STATE_FILE"
+LEARNED_FILE_VARIABLE = f"{ENV_PREFIX}ROUTING__LEARNED_FILE"
+FORMER_LEARNED_FILE_VARIABLE = f"{ENV_PREFIX}ROUTING__STATE_FILE"  # its former name, still read
 NOT_SETTINGS = frozenset({"MTP_PROXY_ADMIN_KEY"})
 """MTP_PROXY_* variables that are not settings: `mtp-proxy status` reads this one."""
 _REDACTED = '"[redacted]"'
@@ -46,7 +47,7 @@ class Variable:
 class Override:
     """A setting an environment variable sets, whatever the file says."""
 
-    key: str  # dotted: "routing.state_file"
+    key: str  # dotted: "routing.learned_file"
     variable: Variable
     value: str  # the effective value as TOML, a secret redacted
     file_value: str | None  # what the file says, as TOML; None: the file does not set it
@@ -64,7 +65,7 @@ class Override:
 
 
 @dataclass(frozen=True)
-class StateFile:
+class LearnedFileInForce:
     """The learned-statistics file in force (None: not kept) and what set it, in words."""
 
     path: Path | None
@@ -154,6 +155,7 @@ def overrides(
 ) -> tuple[list[Override], list[Variable]]:
     """(the settings the variables set, the variables that name no setting)."""
     by_variable = {doc.env_var: doc for doc in setting_docs() if doc.env_var is not None}
+    by_variable[FORMER_LEARNED_FILE_VARIABLE] = by_variable[LEARNED_FILE_VARIABLE]
     found, unknown = [], []
     for name, variable in sorted(variables.items()):
         doc = by_variable.get(name)
@@ -162,6 +164,8 @@ def overrides(
             continue
         path = doc.key.split(".")
         file_value = _lookup(file_data, path)
+        if file_value is _MISSING and doc.key == "routing.learned_file":
+            file_value = _lookup(file_data, ["routing", "state_file"])  # its former name
         secret = "SecretStr" in str(doc.field.annotation)
         found.append(
             Override(
@@ -178,21 +182,23 @@ def overrides(
     return found, unknown
 
 
-def effective_state_file(config: Path, variables: Mapping[str, Variable]) -> StateFile:
+def effective_learned_file(config: Path, variables: Mapping[str, Variable]) -> LearnedFileInForce:
     """The learned-statistics file a service of `config` reads with `variables`
-    (service_variables), and what set it: the variable, else the file's routing.state_file."""
-    variable = variables.get(STATE_FILE_VARIABLE)
+    (service_variables), and what set it: the variable, else the file's routing.learned_file."""
+    variable = variables.get(LEARNED_FILE_VARIABLE) or variables.get(FORMER_LEARNED_FILE_VARIABLE)
     if variable is not None:
         source = f"{variable.name} ({_origin_words(variable.origin)})"
-        return StateFile(Path(variable.value), source)
+        return LearnedFileInForce(Path(variable.value), source)
     try:
         data: Any = tomllib.loads(config.read_text("utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         data = {}
-    value = _lookup(data, ["routing", "state_file"])
+    value = _lookup(data, ["routing", "learned_file"])
+    if value is _MISSING:
+        value = _lookup(data, ["routing", "state_file"])  # its former name, still read
     if isinstance(value, str) and value:
-        return StateFile(Path(value), "the file's routing.state_file")
-    return StateFile(None, "routing.state_file unset")
+        return LearnedFileInForce(Path(value), "the file's routing.learned_file")
+    return LearnedFileInForce(None, "routing.learned_file unset")
 
 
 def same_file(one: Path, other: Path) -> bool:

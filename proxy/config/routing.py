@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 Role = Literal["off", "min", "max"]
 """The three roles the cold-start rules speak of; each maps to a configured profile name."""
@@ -208,7 +208,7 @@ class RoutingSettings(BaseModel):
         "announced ready. Decode speed at depth 0 and at its deepest depth, alone and with every "
         "slot decoding (proxy/routing/calibrate.py); the cold rule of each load level then "
         "follows what it measured instead of cold_busy_role. Kept in the learned file "
-        "(state_file) per binary, model and flags, so a restart measures nothing. off: "
+        "(learned_file) per binary, model and flags, so a restart measures nothing. off: "
         "cold_busy_role and the published prior.",
     )
     calibration_tokens: int = Field(
@@ -370,10 +370,12 @@ class RoutingSettings(BaseModel):
     )
 
     # --- persistence ---------------------------------------------------------------------
-    state_file: Path | None = Field(
+    learned_file: Path | None = Field(
         default=None,
+        validation_alias=AliasChoices("learned_file", "state_file"),
         description="The learned file: what the proxy learned survives restarts in this JSON file. "
-        "It holds the statistics, the busy measurements and the start-up calibrations.",
+        "It holds the statistics, the busy measurements and the start-up calibrations. Its former "
+        "name, state_file (MTP_PROXY_ROUTING__STATE_FILE), is still read.",
     )
     state_save_interval_s: float = Field(
         default=30.0,

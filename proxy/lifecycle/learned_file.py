@@ -1,6 +1,6 @@
 """The learned file as this proxy last read or wrote it, and writes that are not its own.
 
-The proxy saves its learned statistics to ``routing.state_file`` now and then and at stop. When
+The proxy saves its learned statistics to ``routing.learned_file`` now and then and at stop. When
 another writer replaces the file meanwhile (``mtp-proxy tune --apply`` seeding it with its
 measurements), the proxy must not overwrite that with its own older view: it keeps the file as
 it is, saves nothing more, and loads it at the next reload (SIGHUP) or start. The file is known
@@ -23,7 +23,7 @@ import structlog
 from proxy.config.routing import RoutingSettings
 from proxy.routing.stats import LearnedStats, write_atomic
 
-log = structlog.get_logger("proxy.state_file")
+log = structlog.get_logger("proxy.learned_file")
 
 Stamp = tuple[int, int, int] | None
 
@@ -63,7 +63,7 @@ class LearnedFile:
         if self.replaced():
             if not self._warned:
                 log.warning(
-                    "state_file_replaced",
+                    "learned_file_replaced",
                     path=str(self.path),
                     kept="the file as written by the other writer",
                     action="loaded at the next reload (SIGHUP) or start; nothing saved until then",
@@ -80,8 +80,8 @@ class LearnedFile:
         return True
 
 
-def state_file_problem(path: Path | None, user: str | None = None) -> str | None:
-    """Why the service's user (``user``; None: this process's) cannot keep the state file at
+def learned_file_problem(path: Path | None, user: str | None = None) -> str | None:
+    """Why the service's user (``user``; None: this process's) cannot keep the learned file at
     ``path``, with the fix; None when it can. A save writes a new file beside it and renames it
     over the old one, so the directory must be writable, every directory above it searchable,
     and a file already there readable and writable (check-config's, before a start)."""
@@ -90,21 +90,20 @@ def state_file_problem(path: Path | None, user: str | None = None) -> str | None
     try:
         account = None if user is None else pwd.getpwnam(user)
     except KeyError:
-        return f"routing.state_file {path}: the service's user {user} does not exist on this box"
+        return f"routing.learned_file {path}: the service's user {user} does not exist on this box"
     who = f"the service's user {user}" if user else "this user"
     owner = user or getpass.getuser()
     if path.exists() and not path.is_file():
-        return f"routing.state_file {path}: not a regular file; name a file (a JSON document)"
+        return f"routing.learned_file {path}: not a regular file; name a file (a JSON document)"
     if path.exists() and not _permits(path, account, os.R_OK | os.W_OK):
-        return (
-            f"routing.state_file {path}: {who} cannot read and write it; fix: chown {owner} {path}"
-        )
+        fix = f"fix: chown {owner} {path}"
+        return f"routing.learned_file {path}: {who} cannot read and write it; {fix}"
     blocked = _first_blocked(path.parent, account)
     if blocked is None:
         return None
     return (
-        f"routing.state_file {path}: {who} cannot write in {blocked}, where each save writes "
-        f"a new file and renames it; fix: chown {owner} {blocked} (or set routing.state_file "
+        f"routing.learned_file {path}: {who} cannot write in {blocked}, where each save writes "
+        f"a new file and renames it; fix: chown {owner} {blocked} (or set routing.learned_file "
         "to a file in a directory it owns, such as /var/lib/mtp-proxy/learned-stats.json)"
     )
 

@@ -7,7 +7,7 @@ listener, timeouts, supervisor timings and routing settings stay as the proxy st
 reload that changes them says so in the log. Two things besides the models follow a reload, since
 they go with the profiles: the routing roles (``profile_off``, ``profile_min``, ``profile_max`` name
 profiles, which a reload may rename), and the learned file when another writer replaced
-``routing.state_file`` (``mtp-proxy tune --apply``; proxy.lifecycle.learned_file): it is loaded in
+``routing.learned_file`` (``mtp-proxy tune --apply``; proxy.lifecycle.learned_file): it is loaded in
 place of what the proxy had learned. A configuration that does not validate is logged and ignored:
 the running backends stay as they are.
 """
@@ -138,7 +138,7 @@ def _adopt_roles(state: ProxyState, settings: Settings) -> None:
 
 
 async def _adopt_learned_state(state: ProxyState, settings: Settings) -> None:
-    """Load routing.state_file when another writer replaced it since the proxy's last save (an
+    """Load routing.learned_file when another writer replaced it since the proxy's last save (an
     import's priors, tune's measurements), and hold the statistics to the keys of the new
     settings (another GGUF, binary or type: that model starts from priors)."""
     keys = await asyncio.to_thread(learned_keys, settings)
@@ -148,7 +148,7 @@ async def _adopt_learned_state(state: ProxyState, settings: Settings) -> None:
         stats = await asyncio.to_thread(learned_file.load, state.router.settings)
         adopt(stats, keys, settings.routing.prior_weight)
         state.router.stats = stats
-        log.info("state_file_reloaded", path=str(learned_file.path), report=stats.load_report)
+        log.info("learned_file_reloaded", path=str(learned_file.path), report=stats.load_report)
         return
     adopt(state.router.stats, keys, settings.routing.prior_weight)
 

@@ -137,7 +137,7 @@ class ProxyMetrics:
         )
         self.state_save_failures = Counter(
             p + "state_save_failures",
-            "Saves of the learned statistics to routing.state_file that failed (the disk full, "
+            "Saves of the learned statistics to routing.learned_file that failed (the disk full, "
             "the directory gone or read-only): what was learned since is lost at a restart.",
             registry=registry,
         )

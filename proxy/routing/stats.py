@@ -587,7 +587,7 @@ class LearnedStats:
             raw = read_local_file(path, _MAX_STATE_BYTES)
             state = json.loads(raw)
             if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-                raise ValueError("not a routing state file of version 1")
+                raise ValueError("not a learned file of version 1")
         except FileNotFoundError:
             stats.load_report = "missing: starting empty"
             log.info("stats_state_missing")
@@ -694,7 +694,7 @@ class LearnedStats:
 
 
 def keep_rejected(path: Path, raw: bytes | None) -> Path | None:
-    """Keep a state file that was not read whole as ``<name>.rejected`` beside it, before the
+    """Keep a learned file that was not read whole as ``<name>.rejected`` beside it, before the
     next save writes over it: its bytes when they were read, else the file itself, moved aside
     (a regular file only: never a FIFO or a device). None when there is nothing to keep or it
     cannot be kept (then the log says only why it was not read)."""

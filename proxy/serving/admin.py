@@ -190,7 +190,7 @@ async def service(request: web.Request) -> web.Response:
         {
             "pid": os.getpid(),
             "config_path": None if state.config_path is None else str(state.config_path),
-            "state_file": None if routing.state_file is None else str(routing.state_file),
+            "learned_file": None if routing.learned_file is None else str(routing.learned_file),
             "state": state.router.stats.load_report,
             "state_loaded_at": None if state.learned_file is None else state.learned_file.loaded_at,
             "routing": routing.model_dump(mode="json"),

@@ -250,7 +250,7 @@ def _not_ready_reason(state: ProxyState, model: str) -> str:
         if (began := state.calibrating.get(backend.name)) is not None:
             return (
                 f"calibrating: {backend.name} is measured at each depth before it serves "
-                f"(once; routing.state_file keeps the result), {now - began:.0f} s so far"
+                f"(once; routing.learned_file keeps the result), {now - began:.0f} s so far"
             )
     if model in state.replanning:
         return "its processes are being replaced (draft_control auto's fallback)"

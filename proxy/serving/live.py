@@ -72,7 +72,7 @@ def depths_view(state: ProxyState) -> dict[str, Any]:
 
 
 def warnings(state: ProxyState) -> list[str]:
-    """What an operator must hear of the proxy as a whole, one line each: a state file that
+    """What an operator must hear of the proxy as a whole, one line each: a learned file that
     was not read whole at the last load, the last save of the learned statistics failed."""
     learned_file = state.learned_file
     if learned_file is None:
@@ -80,12 +80,12 @@ def warnings(state: ProxyState) -> list[str]:
     found = []
     report = state.router.stats.load_report
     if "untrusted" in report or report.startswith("unreadable"):
-        found.append(f"the state file {learned_file.path} was not read whole: {report}")
+        found.append(f"the learned file {learned_file.path} was not read whole: {report}")
     if learned_file.save_failure is not None:
         found.append(
             f"the learned statistics could not be saved to {learned_file.path} (last try "
             f"{learned_file.save_failure}); what was learned since the last save is lost at a "
-            "restart: make the file's directory writable, or set routing.state_file"
+            "restart: make the file's directory writable, or set routing.learned_file"
         )
     return found
 

@@ -24,8 +24,8 @@ import aiohttp
 
 from proxy.config.overrides import (
     UNIT,
-    StateFile,
-    effective_state_file,
+    LearnedFileInForce,
+    effective_learned_file,
     same_file,
     service_variables,
     unit_runs,
@@ -242,7 +242,7 @@ async def _apply_own(
     args: argparse.Namespace, job: Job, outcome: Outcome, settings: Settings
 ) -> int:
     config: Path = args.apply
-    where = effective_state_file(config, service_variables(config, os.environ))
+    where = effective_learned_file(config, service_variables(config, os.environ))
     unit = unit_process(UNIT.name) if unit_runs(config) else None  # a unit of this config
     pid, url, unreachable = None, None, None
     key = settings.server.admin_key
@@ -258,8 +258,8 @@ async def _apply_own(
                 async with aiohttp.ClientSession(trust_env=False) as session:
                     info = await read_service(session, url, key.get_secret_value())
                 pid = info.pid
-                if info.state_file is not None:
-                    where = StateFile(Path(info.state_file), f"the service at {url}")
+                if info.learned_file is not None:
+                    where = LearnedFileInForce(Path(info.learned_file), f"the service at {url}")
             except ServiceError:
                 pid = None
     secret = None if key is None else key.get_secret_value()  # to see the reload done
@@ -323,9 +323,11 @@ async def _apply_service(
 ) -> int:
     config: Path = args.apply
     where = (
-        StateFile(Path(info.state_file), f"the service at {info.url} (GET /admin/service)")
-        if info.state_file
-        else StateFile(None, f"the service at {info.url} keeps no state file")
+        LearnedFileInForce(
+            Path(info.learned_file), f"the service at {info.url} (GET /admin/service)"
+        )
+        if info.learned_file
+        else LearnedFileInForce(None, f"the service at {info.url} keeps no learned file")
     )
     pid: int | None = info.pid
     unreachable = None
@@ -352,7 +354,7 @@ async def _apply(
     job: Job,
     outcome: Outcome,
     config: Path,
-    where: StateFile,
+    where: LearnedFileInForce,
     pid: int | None,
     unit: UnitProcess | None,
     *,

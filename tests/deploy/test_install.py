@@ -206,8 +206,8 @@ def test_the_recipe_init_check_config_restart_and_a_request(box: Box, installed:
     checked = box.ok(f"runuser -u mtp-proxy -- {VENV}/bin/mtp-proxy check-config --config {CONFIG}")
     unit = "/etc/systemd/system/mtp-proxy.service"
     assert (
-        '  routing.state_file = "/var/lib/mtp-proxy/learned-stats.json" from '
-        f"MTP_PROXY_ROUTING__STATE_FILE (Environment= in {unit}; the file says "
+        '  routing.learned_file = "/var/lib/mtp-proxy/learned-stats.json" from '
+        f"MTP_PROXY_ROUTING__LEARNED_FILE (Environment= in {unit}; the file says "
         '"/var/lib/mtp-proxy/learned-stats.json")'
     ) in checked
     assert f"  server.port = {box.port} from MTP_PROXY_SERVER__PORT (Environment= in {unit}.d/" in (

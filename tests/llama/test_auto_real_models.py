@@ -36,7 +36,7 @@ def auto_config(tmp_path: Path, profiles: list[dict[str, Any]]) -> dict[str, Any
         models=[{**entry, "binary": patched_llama_server_binary()}],
         supervisor={"probe_timeout_s": 60.0, "ready_timeout_s": 120.0},
     )
-    config["routing"] = {"state_file": str(tmp_path / "state.json"), "calibration_tokens": 16}
+    config["routing"] = {"learned_file": str(tmp_path / "state.json"), "calibration_tokens": 16}
     return config
 
 

@@ -173,7 +173,7 @@ def serving(config: Path, env: dict[str, str], tmp_path: Path) -> Iterator[Proxy
     port = free_port()
     serving = {
         **serving_env(env, port),
-        "MTP_PROXY_ROUTING__STATE_FILE": str(tmp_path / "learned-stats.json"),
+        "MTP_PROXY_ROUTING__LEARNED_FILE": str(tmp_path / "learned-stats.json"),
         "MTP_PROXY_ROUTING__CALIBRATION_TOKENS": "16",  # the least allowed (128 took 65 s a run)
         "MTP_PROXY_LOG__FORMAT": "json",
         "PYTHONUNBUFFERED": "1",

@@ -30,7 +30,7 @@ PROFILES: list[dict[str, Any]] = [
 def config(model: Path, binary: str, state: Path) -> dict[str, Any]:
     entry = llama_model(model, profiles=PROFILES, draft_control="per-request")
     out = llama_config(model, models=[{**entry, "binary": binary}])
-    out["routing"] = {"state_file": str(state), "calibration_tokens": 32}
+    out["routing"] = {"learned_file": str(state), "calibration_tokens": 32}
     return out
 
 

@@ -209,7 +209,7 @@ def _service(
         "server": {"host": "127.0.0.1", "port": 0, "admin_key": ADMIN_KEY, "queue_timeout_s": 120},
         "log": {"level": "info", "format": "json"},
         "supervisor": FAST_SUPERVISOR,
-        "routing": {"state_file": str(state)} if state else {},
+        "routing": {"learned_file": str(state)} if state else {},
         "models": [model],
     }
 

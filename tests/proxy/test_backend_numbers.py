@@ -50,7 +50,7 @@ def config(backend_url: str, state_file: Path) -> dict[str, Any]:
         "backend": "simulator",
         "profiles": [{"name": "off", "url": backend_url}],
     }
-    routing = {"state_file": str(state_file), "state_save_interval_s": 0.2}
+    routing = {"learned_file": str(state_file), "state_save_interval_s": 0.2}
     return proxy_config([model], routing=routing)
 
 
@@ -100,6 +100,6 @@ def test_impossible_numbers_are_dropped_counted_and_never_reach_the_learned_file
     assert all(line["decode_tok_s"] is None for line in lines[3:8])
     saved = json.loads(state_file.read_bytes(), parse_constant=refuse)
     assert saved["cells"], saved
-    again = LearnedStats.load(state_file, RoutingSettings(state_file=state_file))
+    again = LearnedStats.load(state_file, RoutingSettings(learned_file=state_file))
     assert again.load_report == "loaded 1 cells", again.load_report
     assert not state_file.with_name("learned.json.rejected").exists()

@@ -94,7 +94,7 @@ def one_process(preset: str, state_file: Path | None = None, **routing: Any) -> 
     model = simulator_model(preset=preset, draft_control="per-request", time_scale=50.0)
     settings: dict[str, Any] = {"seed": 1, **routing}
     if state_file is not None:
-        settings["state_file"] = str(state_file)
+        settings["learned_file"] = str(state_file)
     return proxy_config([model], routing=settings)
 
 

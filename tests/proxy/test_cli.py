@@ -82,7 +82,7 @@ def test_check_config_shows_what_the_environment_and_the_unit_override(tmp_path:
     config = write_config(
         tmp_path / "config.toml",
         {
-            "routing": {"state_file": str(tmp_path / "file-state.json")},
+            "routing": {"learned_file": str(tmp_path / "file-state.json")},
             "models": [{"name": "m", "backend": "simulator", "profiles": [{"name": "off"}]}],
         },
     )
@@ -90,7 +90,7 @@ def test_check_config_shows_what_the_environment_and_the_unit_override(tmp_path:
     unit.write_text(
         "[Service]\n"
         f"ExecStart=/opt/mtp-proxy/venv/bin/mtp-proxy serve --config {config}\n"
-        "Environment=MTP_PROXY_ROUTING__STATE_FILE=/var/lib/mtp-proxy/learned-stats.json\n"
+        "Environment=MTP_PROXY_ROUTING__LEARNED_FILE=/var/lib/mtp-proxy/learned-stats.json\n"
     )
     env = {**os.environ, "MTP_PROXY_SERVER__PORT": "9100", "MTP_PROXY_SERVR__PORT": "1"}
     result = subprocess.run(
@@ -102,8 +102,8 @@ def test_check_config_shows_what_the_environment_and_the_unit_override(tmp_path:
     out = result.stdout
     assert "listen: 127.0.0.1:9100" in out
     assert (
-        '  routing.state_file = "/var/lib/mtp-proxy/learned-stats.json" from '
-        f"MTP_PROXY_ROUTING__STATE_FILE (Environment= in {unit}; the file says "
+        '  routing.learned_file = "/var/lib/mtp-proxy/learned-stats.json" from '
+        f"MTP_PROXY_ROUTING__LEARNED_FILE (Environment= in {unit}; the file says "
         f'"{tmp_path}/file-state.json")'
     ) in out
     assert (
@@ -112,7 +112,7 @@ def test_check_config_shows_what_the_environment_and_the_unit_override(tmp_path:
     ) in out
     assert (
         "learned statistics: /var/lib/mtp-proxy/learned-stats.json (from "
-        f"MTP_PROXY_ROUTING__STATE_FILE (Environment= in {unit}))"
+        f"MTP_PROXY_ROUTING__LEARNED_FILE (Environment= in {unit}))"
     ) in out
     assert "warning: MTP_PROXY_SERVR__PORT names no setting: ignored" in result.stderr
 
@@ -281,7 +281,7 @@ def test_a_model_the_units_sandbox_hides_is_refused_with_the_fix(tmp_path: Path)
         f"service its own empty /tmp ({unit}): move it out of /tmp"
     ) in done.stderr
     assert (
-        "routing.state_file: the service cannot write /srv/mtp-state/learned.json: "
+        "routing.learned_file: the service cannot write /srv/mtp-state/learned.json: "
         f"ProtectSystem=strict makes it read-only ({unit}). Let the service write its folder "
         "in a drop-in"
     ) in done.stderr

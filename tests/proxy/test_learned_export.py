@@ -31,7 +31,7 @@ def config_of(workdir: Path, box: str, preset: str = "setup-b") -> dict[str, Any
         "clock_scale": 50.0,
         "seed": 1,
         "min_samples": 3,
-        "state_file": str(workdir / "learned.json"),
+        "learned_file": str(workdir / "learned.json"),
         "box_id": box,
     }
     model = simulator_model(preset=preset, time_scale=50.0)

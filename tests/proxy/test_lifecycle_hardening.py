@@ -159,7 +159,7 @@ def test_a_corrupt_state_file_starts_empty_with_a_warning(tmp_path: Path, kind: 
         state.write_bytes(b"\x00\xff\xfe not json")
     else:
         state.mkdir()
-    config = proxy_config(routing={"state_file": str(state)})
+    config = proxy_config(routing={"learned_file": str(state)})
     proxy = spawn_proxy(config, tmp_path / "proxy")
     try:
         proxy.port = wait_listening(proxy, timeout=20)

@@ -63,7 +63,7 @@ def one_process_proxy(workdir: Path, state_file: Path | None = None) -> Iterator
     model = simulator_model(
         draft_control="per-request", profiles=PROFILES, slots=4, time_scale=50.0
     )
-    routing = NO_EXPLORE if state_file is None else {**NO_EXPLORE, "state_file": str(state_file)}
+    routing = NO_EXPLORE if state_file is None else {**NO_EXPLORE, "learned_file": str(state_file)}
     config = proxy_config([model], routing=routing)
     with running_proxy(config, workdir) as proxy:
         wait_all_ready(proxy, {MODEL: 1})

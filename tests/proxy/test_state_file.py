@@ -1,4 +1,4 @@
-"""Learned statistics survive a restart: real proxies sharing one `routing.state_file`.
+"""Learned statistics survive a restart: real proxies sharing one `routing.learned_file`.
 
 Setup A's simulated hardware makes `max` (n_max 3) the slowest profile on short chats, while
 the cold rule sends short chats to `max`. So a proxy that knows nothing answers a short chat
@@ -44,7 +44,7 @@ CLASS = "<4k/prose"
 
 def config(state_file: Path, *, save_interval_s: float = 3600.0) -> dict[str, Any]:
     routing = {
-        "state_file": str(state_file),
+        "learned_file": str(state_file),
         "state_save_interval_s": save_interval_s,
         "clock_scale": TIME_SCALE,
         # No exploration: every unpinned decision is the rule's or the learned table's.
@@ -170,7 +170,7 @@ def test_a_state_file_with_huge_finite_numbers_does_not_break_routing(tmp_path: 
     }
     state_file.write_text(json.dumps(state))
     model = simulator_model(draft_control="per-request", time_scale=TIME_SCALE)
-    routing = {"state_file": str(state_file), "state_save_interval_s": 3600.0}
+    routing = {"learned_file": str(state_file), "state_save_interval_s": 3600.0}
     with running_proxy(proxy_config([model], routing=routing), tmp_path / "proxy") as proxy:
         wait_all_ready(proxy, {"mtp-demo": 1})
         for n in range(3):  # alone, then beside others: the busy epochs' arithmetic too
@@ -234,11 +234,11 @@ def test_saving_a_large_state_does_not_stall_the_proxy(tmp_path: Path) -> None:
     assert slowest < one_piece_s / 2, (slowest, one_piece_s)
 
 
-# --- a state file that is not all good, a save that fails, a file the service cannot write ------
+# --- a learned file that is not all good, a save that fails, a file the service cannot write ------
 
 
 def good_and_poisoned(state_file: Path) -> bytes:
-    """A state file of three learned cells, one of them with a number that is not finite."""
+    """A learned file of three learned cells, one of them with a number that is not finite."""
     settings = RoutingSettings(min_samples=1)
     stats = LearnedStats(settings)
     cls = RequestClass("<4k", "prose")
@@ -267,7 +267,7 @@ def test_one_bad_cell_costs_that_cell_only_and_the_file_is_kept(tmp_path: Path) 
     rejected = Path(f"{state_file}.rejected")
     assert routing["state"] == f"loaded 2 cells, dropped 1 (1 untrusted; kept as {rejected})"
     assert depths["warnings"] == [
-        f"the state file {state_file} was not read whole: {routing['state']}"
+        f"the learned file {state_file} was not read whole: {routing['state']}"
     ]
     (warning,) = [
         line for line in proxy.log_lines() if line["event"] == "stats_state_cells_dropped"
@@ -322,7 +322,7 @@ def test_check_config_refuses_a_state_file_the_services_user_cannot_write(
     unit.write_text(f"[Service]\nExecStart=/x/mtp-proxy serve --config {conf}\nUser=nobody\n")
     done = run_cli("check-config", str(conf), "--unit", str(unit))
     assert done.returncode == 2, done.stdout
-    assert f"routing.state_file {state_dir}/learned.json: the service's user nobody cannot " in (
+    assert f"routing.learned_file {state_dir}/learned.json: the service's user nobody cannot " in (
         done.stderr
     )
     assert "; fix: chown nobody " in done.stderr

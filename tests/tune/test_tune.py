@@ -175,7 +175,7 @@ def test_seeded_state_changes_the_first_decision(
         draft_control=shape,
     )
     routing = {
-        "state_file": str(state),
+        "learned_file": str(state),
         "exploration_rate": 0.0,
         "cold_exploration_rate": 0.0,
         "seed": 1,

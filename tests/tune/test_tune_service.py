@@ -110,7 +110,7 @@ def test_url_then_apply_seeds_the_state_the_service_reads_and_reloads_it(tmp_pat
         preset="setup-b", time_scale=500.0, slots=2, draft_control="per-request",
         extra_args=["--latent-sigma", "0"],
     )  # fmt: skip
-    routing = {"state_file": str(state), "clock_scale": 500.0, "exploration_rate": 0.0,
+    routing = {"learned_file": str(state), "clock_scale": 500.0, "exploration_rate": 0.0,
                "cold_exploration_rate": 0.0}  # fmt: skip
     config = {
         "server": {"host": "127.0.0.1", "port": 0, "admin_key": ADMIN_KEY},
@@ -142,7 +142,8 @@ def test_url_then_apply_seeds_the_state_the_service_reads_and_reloads_it(tmp_pat
     assert [p["name"] for p in service["models"][0]["profiles"]] == ["off", "n3"]
     assert service["routing"]["profile_max"] == "n3"  # the roles reloaded too
     applied = [line for line in done.stdout.splitlines() if line.startswith("applied: ")]
-    assert any(f"state file: {state}" in line and "GET /admin/service" in line for line in applied)
+    said = f"learned file: {state}"
+    assert any(said in line and "GET /admin/service" in line for line in applied)
     assert any("SIGHUP" in line for line in applied)
 
 
@@ -181,7 +182,7 @@ def test_apply_to_the_running_demo_without_a_state_file_exits_0_and_it_serves_th
     assert f"not {other}: it is not reloaded" in elsewhere.stdout
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert any(line.startswith("note: state file: none in force") for line in lines)
+    assert any(line.startswith("note: learned file: none in force") for line in lines)
     assert any(line.startswith("applied: reload asked of the service (SIGHUP") for line in lines)
     assert "applied: the service serves off, n3; learned state: " in done.stdout
     assert not any(line.startswith("not applied") for line in lines)

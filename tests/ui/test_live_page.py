@@ -259,11 +259,11 @@ def test_each_backend_is_shown_with_its_own_speculative_type(tmp_path: Path) -> 
 
 
 def test_a_failed_save_of_what_was_learned_shows_as_a_warning(tmp_path: Path) -> None:
-    """The state file's directory goes away under a running proxy: each save fails, and the
+    """The learned file's directory goes away under a running proxy: each save fails, and the
     page says so above everything else until one succeeds (the admin feed it reads,
     /admin/depths, carries the warning)."""
     state_dir = tmp_path / "state"
-    routing = {"state_file": str(state_dir / "learned.json"), "state_save_interval_s": 0.2}
+    routing = {"learned_file": str(state_dir / "learned.json"), "state_save_interval_s": 0.2}
     model = simulator_model(draft_control="per-request", time_scale=50.0)
     with running_proxy(proxy_config([model], routing=routing), tmp_path / "proxy") as proxy:
         wait_all_ready(proxy, {MODEL: 1})

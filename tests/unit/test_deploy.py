@@ -382,8 +382,8 @@ def test_unit_environment_configures_the_proxy(
         monkeypatch.setenv(key, value)
     settings = load_settings(REPO / "config.toml")
     assert settings.log.format == "json"
-    state_file = Path(environment["MTP_PROXY_ROUTING__STATE_FILE"])
-    assert settings.routing.state_file == state_file
+    state_file = Path(environment["MTP_PROXY_ROUTING__LEARNED_FILE"])
+    assert settings.routing.learned_file == state_file
     assert state_file.parent == Path("/var/lib") / unit_value("StateDirectory")
     assert environment["PYTHONUNBUFFERED"] == "1"
 

@@ -47,7 +47,7 @@ def test_the_demo_banner_says_what_runs_in_truth() -> None:
     # The first answer waits for the start-up calibration (~25 s on the demo): said, not a hang.
     after_curl = lines[lines.index(curl) + 1]
     assert "answered once the backend is calibrated" in after_curl
-    assert "measured again at each start: no routing.state_file" in after_curl
+    assert "measured again at each start: no routing.learned_file" in after_curl
     assert ".venv/bin/mtp-proxy status --url http://127.0.0.1:8080 --admin-key=k3y-made-up" in text
     # The live page with the key made up for this run: the link opens it as it is.
     assert "http://127.0.0.1:8080/ui/#key=k3y-made-up   (live: " in text

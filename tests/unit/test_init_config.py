@@ -13,7 +13,7 @@ import pytest
 
 from proxy.cli.builds import Build, cache_root, find_builds
 from proxy.cli.init_config import (
-    STATE_FILE,
+    LEARNED_FILE,
     InitError,
     build_config,
     choose_context,
@@ -150,7 +150,7 @@ def test_the_model_name_is_the_files() -> None:
 
 
 def init_args(model: Path, **kw: object) -> argparse.Namespace:
-    fields = {"model": model, "binary": None, "gpu_memory": 24.0, "state_file": STATE_FILE}
+    fields = {"model": model, "binary": None, "gpu_memory": 24.0, "learned_file": LEARNED_FILE}
     fields["draft_model"] = None
     return argparse.Namespace(**(fields | kw))
 
@@ -171,7 +171,7 @@ def test_the_config_has_everything_and_validates(tmp_path: Path) -> None:
     ]
     assert m.draft_control == "auto"
     assert settings.model_names.default == "tiny-qwen"
-    assert settings.routing.state_file == Path(STATE_FILE)
+    assert settings.routing.learned_file == Path(LEARNED_FILE)
     key = settings.server.admin_key
     assert key is not None and len(key.get_secret_value()) >= 32
     # Hex: `--admin-key KEY` never reads a key beginning with "-" as a flag.

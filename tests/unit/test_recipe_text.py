@@ -59,7 +59,7 @@ def test_the_hand_written_config_of_the_operations_guide_validates() -> None:
     settings = Settings(**tomllib.loads(block.group(1)))
     (model,) = settings.models
     assert settings.model_names.default == model.name  # claude-* names are served
-    assert settings.server.admin_key is not None and settings.routing.state_file is not None
+    assert settings.server.admin_key is not None and settings.routing.learned_file is not None
     assert [p.name for p in model.profiles] == ["off", "min", "max"]
 
 

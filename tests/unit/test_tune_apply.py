@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli.main import _parser
-from proxy.config.overrides import StateFile
+from proxy.config.overrides import LearnedFileInForce
 from proxy.config.routing import RoutingSettings
 from proxy.config.settings import Settings, load_settings
 from proxy.lifecycle.learned_file import LearnedFile
@@ -30,7 +30,7 @@ CONFIG = """# my box: keep this comment
 admin_key = "k"
 
 [routing]
-state_file = "/srv/state.json"  # the file's own
+learned_file = "/srv/state.json"  # the file's own
 
 [[models]]
 name = "m"
@@ -201,7 +201,7 @@ def test_applied_files_keep_the_owners_the_service_reads_them_as(
     state.parent.mkdir()
     state.parent.chmod(0o750)
     lines, written = write_state(
-        StateFile(state, "test"), lambda base: base, RoutingSettings(), tmp_path
+        LearnedFileInForce(state, "test"), lambda base: base, RoutingSettings(), tmp_path
     )
     assert written, lines
     assert chowned == [("learned.json", *mine)]

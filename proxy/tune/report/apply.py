@@ -35,7 +35,7 @@ from typing import Any
 import tomlkit
 from tomlkit.items import AoT, Table
 
-from proxy.config.overrides import StateFile
+from proxy.config.overrides import LearnedFileInForce
 from proxy.config.routing import RoutingSettings
 from proxy.config.settings import ConfigError, load_settings
 from proxy.routing.stats import LearnedStats
@@ -173,15 +173,15 @@ def _own(path: Path, owner: Owner) -> None:
 
 
 def write_state(
-    where: StateFile, seed: Any, routing: RoutingSettings, out: Path
+    where: LearnedFileInForce, seed: Any, routing: RoutingSettings, out: Path
 ) -> tuple[list[str], bool | None]:
     """Seed the learned file in force: ``seed(base)`` adds the measurements to the state loaded
     from it. The lines saying what was done, and whether the file was written (None: no file
     is in force, so there is none to seed: the service learns from its requests)."""
     if where.path is None:
         return [
-            f"state file: none in force ({where.source}), so none seeded; the seeded state is "
-            f"{out / 'routing-state.json'}: set routing.state_file (or the environment "
+            f"learned file: none in force ({where.source}), so none seeded; the seeded state is "
+            f"{out / 'routing-state.json'}: set routing.learned_file (or the environment "
             "variable) to a copy of it and restart the service to start warm"
         ], None
     base = LearnedStats.load(where.path, routing)
@@ -198,7 +198,7 @@ def write_state(
             f"cannot write {where.path} ({exc.strerror}); install the seeded state with: sudo "
             f"install -o mtp-proxy -g mtp-proxy -m 0600 {out / 'routing-state.json'} {where.path}"
         ], False
-    return [f"state file: {where.path} ({where.source}) seeded; before: {base.load_report}"], True
+    return [f"learned file: {where.path} ({where.source}) seeded; before: {base.load_report}"], True
 
 
 def _state_owner(path: Path) -> Owner | None:

@@ -4,7 +4,7 @@ OUT/results.csv      one row per setting x class
 OUT/results.json     {"run": ..., "rows": [...], "left_out": [...], "no_data": [...],
                       "failures": [...], "busy": ...}: the rows and what the run could not measure
 OUT/profiles.toml    the recommended [[models.profiles]], reasons as comments
-OUT/routing-state.json  routing.state_file pre-seeded with the measurements
+OUT/routing-state.json  routing.learned_file pre-seeded with the measurements
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ class ServiceInfo:
     url: str
     pid: int
     config_path: str | None
-    state_file: str | None
+    learned_file: str | None
     state: str
     state_loaded_at: float | None
     routing: RoutingSettings
@@ -185,7 +185,7 @@ async def read_service(
             url=url,
             pid=int(data["pid"]),
             config_path=data.get("config_path"),
-            state_file=data.get("state_file"),
+            learned_file=data.get("learned_file", data.get("state_file")),
             state=str(data.get("state", "")),
             state_loaded_at=data.get("state_loaded_at"),
             routing=RoutingSettings(**data["routing"]),

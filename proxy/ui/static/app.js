@@ -296,7 +296,7 @@
     $("#drafting .empty").hidden = blocks.length > 0;
   }
 
-  // --- what the operator must hear: a state file not read whole, a failed save -------------
+  // --- what the operator must hear: a learned file not read whole, a failed save -------------
 
   function renderWarnings(warnings) {
     $("#warnings").hidden = !warnings.length;
