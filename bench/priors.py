@@ -6,7 +6,8 @@ exported (`mtp-proxy learned export`). Then, side by side in one run on the same
 starts from A's export (`mtp-proxy learned import`) and box C starts cold. For each, the count
 is the requests sent until every class got A's choice `--streak` times in a row. Last, the
 import's merge is timed on `--exports` copies of A's export (parse and sum, as the import runs
-it), and the sizes are printed for the scaling arithmetic of docs/operations.md.
+it), and so is the merge of full-table exports (120 cells: the default settings' whole table)
+from 10, 100 and 1,000 boxes, for the scaling arithmetic of docs/operations.md.
 
     python -m bench.priors [--requests 80] [--exports 1000] [--json]
 """
@@ -14,6 +15,7 @@ it), and the sizes are printed for the scaling arithmetic of docs/operations.md.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -29,11 +31,12 @@ from typing import Any
 import tomli_w
 
 from bench.processes import ProxyProcess, running_proxy
-from proxy.routing.priors import LearnedKey, merge, read_export
+from proxy.routing.priors import SUMS, LearnedKey, merge, read_export
 from proxy.workloads.texts import code_file, prose
 
 MODEL = "mtp-demo"
 ADMIN = "bench-admin"
+PROFILES = ("off", "min", "max")
 
 
 def config(workdir: Path, box: str) -> dict[str, Any]:
@@ -149,6 +152,44 @@ def merge_seconds(export: Path, copies: int) -> tuple[float, int]:
     return statistics.median(times), size
 
 
+def full_table(raw_key: dict[str, str]) -> bytes:
+    """An export of a full table under the default settings: 5 context buckets x 2 kinds x 4
+    load levels (the pool's and 1, 2, 4) x 3 profiles = 120 cells (A's holds only the cells
+    its traffic reached)."""
+    buckets = ["<4k", "4k-16k", "16k-32k", "32k-64k", ">64k"]
+    sums = {name: [12.5, 456.25, 8901.5, 40.0] for name in SUMS}
+    rows = [
+        {"model": MODEL, "bucket": b, "kind": k, "level": lv, "profile": p, **sums}
+        for b, k, lv, p in itertools.product(buckets, ("code", "prose"), (0, 1, 2, 4), PROFILES)
+    ]
+    document = {
+        "format": "mtp-proxy-learned-export",
+        "version": 1,
+        "boxes": 1,
+        "keys": {MODEL: raw_key},
+        "cells": rows,
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def fleet_merges(export: Path, sizes: tuple[int, ...]) -> list[dict[str, float]]:
+    """For each fleet size: one full-table export's bytes, the merge's seconds (one run), the
+    merged bytes."""
+    key = json.loads(export.read_bytes())["keys"][MODEL]
+    raw = full_table(key)
+    out = []
+    for boxes in sizes:
+        started = time.perf_counter()
+        parsed = [(f"box-{n}", read_export(raw, f"box-{n}")) for n in range(boxes)]
+        merged = merge(parsed, {MODEL: LearnedKey.from_json(key)})
+        seconds = time.perf_counter() - started
+        size = len(json.dumps(merged, separators=(",", ":")))
+        out.append(
+            {"boxes": boxes, "export_bytes": len(raw), "merge_s": seconds, "merged_bytes": size}
+        )
+    return out
+
+
 def run(requests: int, exports: int, streak: int) -> dict[str, Any]:
     load = workload(requests)
     with tempfile.TemporaryDirectory(prefix="bench-priors-") as tmp:
@@ -163,6 +204,7 @@ def run(requests: int, exports: int, streak: int) -> dict[str, Any]:
         primed = serve(root / "b", "box-b", load)
         cold = serve(root / "c", "box-c", load)
         seconds, merged_bytes = merge_seconds(export, exports)
+        fleet = fleet_merges(export, tuple(n for n in (10, 100, 1000) if n <= exports))
         return {
             "target": target,
             "requests": requests,
@@ -173,6 +215,7 @@ def run(requests: int, exports: int, streak: int) -> dict[str, Any]:
             "exports": exports,
             "merge_s": seconds,
             "merged_bytes": merged_bytes,
+            "fleet": fleet,
         }
 
 
@@ -189,7 +232,14 @@ def render(result: dict[str, Any]) -> str:
         f"cold / from priors: {cold / primed:.1f}x",
         f"export: {result['export_bytes']} bytes; merge of {result['exports']} exports "
         f"(parse, check, sum): {result['merge_s']:.2f} s; merged: {result['merged_bytes']} bytes",
+        "| boxes | full-table export | merge of all | merged |",
+        "|---|---|---|---|",
     ]
+    for row in result["fleet"]:
+        lines.append(
+            f"| {row['boxes']:,} | {row['export_bytes'] / 1024:.0f} KiB | {row['merge_s']:.2f} s "
+            f"| {row['merged_bytes'] / 1024:.0f} KiB |"
+        )
     return "\n".join(lines)
 
 
