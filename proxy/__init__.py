@@ -10,6 +10,7 @@ Start-up (``mtp-proxy serve``) and the life of the process:
 - ``cli.main``: the command line: serve, check-config, status, init, tune, learned.
 - ``config.settings``: the TOML file and MTP_PROXY_* overrides -> Settings (server, models, log).
 - ``config.routing``: the ``[routing]`` section: the routing brain's thresholds and priors.
+- ``config.side_requests``: the ``[side_requests]`` section: the rules and the kept slot.
 - ``config.model_names``: the ``[model_names]`` section: names clients send -> models.
 - ``config.reference``: every setting's reference, rendered from the schema (docs/configuration.md).
 - ``config.__main__``: ``python -m proxy.config`` prints that reference.
@@ -78,6 +79,8 @@ A request, in the order it is served:
 - ``routing.collapse_guards``: every backend's guard; a finished request's fate.
 - ``serving.admission``: the per-model queue in front of the backends' slots.
 - ``serving.depth_field``: the per-request depth spliced into the body.
+- ``serving.side_requests``: an agent's side requests told from its turns, and the ``id_slot``
+  that keeps them off the agent's slot.
 - ``serving.depth_headers``: the depth and speculative type each answer carries.
 - ``serving.forward``: forwarding to one backend and relaying its answer byte for byte.
 - ``serving.responses_events``: /v1/responses stream events completed to the spec.

@@ -82,6 +82,9 @@ class ProxyState:
     late_system: dict[str, LateSystem | None] = field(default_factory=dict)
     """Each backend's chat-template check, by name (supervisor.template_check), as the
     supervisor last reported it: the request path reads it without asking the supervisor."""
+    live_agents: dict[str, str] = field(default_factory=dict)
+    """Each model's live agent: the session key of its last main turn with tools, which side
+    requests are told from (proxy.serving.side_requests)."""
     calibrating: dict[str, float] = field(default_factory=dict)
     """Backends in their start-up calibration now, by name -> when it began (time.monotonic):
     /health says why they are not ready yet."""

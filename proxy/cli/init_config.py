@@ -33,6 +33,10 @@ from supervisor.spec_types import MTP, SPEC_TYPES
 LEARNED_FILE = "/var/lib/mtp-proxy/learned-stats.json"  # the unit's StateDirectory
 _CTX_STEP = 1024
 _MIN_CTX = 4096
+SIDE_TOKENS = 4096
+"""What the slot kept for side requests takes of -c at most (a title or a haiku call is a few
+thousand tokens): the two slots share one KV cache (--kv-unified), each up to -c, so -c never
+grows past the trained context for it; a -c under 4096 + this keeps one slot."""
 
 
 DESCRIPTION = """\
@@ -53,10 +57,12 @@ class InitError(Exception):
 
 @dataclass(frozen=True)
 class Context:
-    """The -c chosen and why, in words for the file's comment and the summary."""
+    """The -c chosen and why, in words for the file's comment and the summary; ``side``: a
+    second slot kept for side requests (-np 2 --kv-unified) has room in it."""
 
     tokens: int
     why: str
+    side: bool = False
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -172,16 +178,11 @@ def choose_context(
     measured: bool = False,
 ) -> Context:
     """The trained context, capped to the largest multiple of 1024 tokens whose estimate (at
-    the deepest profile's depth, ``deepest``) plus the draft headroom fits `gpu_bytes`, never
-    above the trained context. ``measured``: `gpu_bytes` is what nvidia-smi says is free now
-    (not --gpu-memory), which the words say: another program's memory shrinks it."""
+    the ``deepest`` depth) plus the draft headroom fits `gpu_bytes` (``measured``: free now, as
+    nvidia-smi says, which the words say), never above the trained context."""
     trained = facts.context_length or _MIN_CTX
     if gpu_bytes is None:
-        return Context(
-            trained,
-            "the trained context; GPU memory unknown (no nvidia-smi): pass --gpu-memory GiB "
-            "to size it",
-        )
+        return Context(trained, f"the trained context; {_UNKNOWN_MEMORY}")
 
     def estimate(tokens: int) -> int:  # check-config's figure for the same -c
         return estimate_vram_bytes(
@@ -198,8 +199,12 @@ def choose_context(
 
     memory = _memory_words(gpu_bytes, measured)
     if need(trained) <= gpu_bytes:
+        side = trained >= _MIN_CTX + SIDE_TOKENS  # room for a slot kept for side requests
         return Context(
-            trained, f"the trained context; {_need_words(estimate(trained))}, of {memory}"
+            trained,
+            f"the trained context{_side_words(side)}; {_need_words(estimate(trained))}, of "
+            f"{memory}",
+            side,
         )
     low, high = 0, trained // _CTX_STEP  # need() grows with the context: bisect the steps
     while low < high:
@@ -214,10 +219,22 @@ def choose_context(
             f"tokens, more than {memory}: llama-server will offload layers to the CPU (slow); "
             "a smaller quant fits",
         )
+    side = tokens >= _MIN_CTX + SIDE_TOKENS  # room for a slot kept for side requests
     return Context(
         tokens,
-        f"the trained context {trained} capped to fit {memory}: {_need_words(estimate(tokens))}",
+        f"the trained context {trained} capped to fit {memory}{_side_words(side)}: "
+        f"{_need_words(estimate(tokens))}",
+        side,
     )
+
+
+_UNKNOWN_MEMORY = "GPU memory unknown (no nvidia-smi): pass --gpu-memory GiB to size it"
+
+
+def _side_words(side: bool) -> str:
+    if not side:
+        return ""
+    return f", shared with the slot kept for side requests (up to ~{SIDE_TOKENS} of it)"
 
 
 def _need_words(estimate: int) -> str:
@@ -277,7 +294,7 @@ level = "info"
 [routing]
 # The learned statistics survive restarts in this file (the systemd unit's state directory).
 learned_file = "{learned_file}"
-
+{_side_text(context)}
 {_model_text(name, model, build, context, drafting)}
 {_profiles_text(drafting)}
 # Any model name a client sends (Claude Code's claude-*, Codex's gpt-*) goes to this model.
@@ -287,7 +304,8 @@ default = "{name}"
 
 
 def _model_text(name: str, model: Path, build: Build, context: Context, drafting: Drafting) -> str:
-    args = ["-c", str(context.tokens), "-ngl", "99", "-fa", "on", "-np", "1"]
+    slots = ["-np", "2", "--kv-unified"] if context.side else ["-np", "1"]
+    args = ["-c", str(context.tokens), "-ngl", "99", "-fa", "on", *slots]
     args_text = ", ".join(f'"{arg}"' for arg in [*args, *drafting.model_args])
     return f"""\
 [[models]]
@@ -298,14 +316,34 @@ backend = "llama-server"
 binary = "{build.path}"
 model_path = "{model}"
 # -c {context.tokens}: {_wrapped(context.why)}.
-# -ngl 99: every layer on the GPU; -fa on: flash attention; -np 1: one request at a time
-# (speculative decoding gains most alone, less with several requests decoding at once). Agents
-# coming back to long contexts: add "--cache-ram", "32768" to keep more saved prompt states in
-# host memory.
+# -ngl 99: every layer on the GPU; -fa on: flash attention; {_slots_words(context.side)}
 args = [{args_text}]
 # auto: profiles as per-request depths on one process when the build honours them (the
 # patched one); otherwise a fallback that check-config and the log describe.
 draft_control = "auto"
+"""
+
+
+def _slots_words(side: bool) -> str:
+    if side:
+        return """-np 2 --kv-unified: two slots sharing
+# one KV cache, slot 1 kept for an agent's side requests (titles, claude-haiku-* calls:
+# [side_requests] below), so they never evict the agent's long prompt from slot 0. Speculative
+# decoding gains most alone: the agent's turns keep running alone but for those short requests."""
+    return """-np 1: one request at a time
+# (speculative decoding gains most alone). An agent's side requests then take the only slot:
+# llama-server saves the agent's prompt to host memory and loads it back (--cache-ram, MiB,
+# default 8192: add "--cache-ram", "32768" to keep long contexts; docs/operations.md)."""
+
+
+def _side_text(context: Context) -> str:
+    if not context.side:
+        return ""
+    return """
+# Side requests (a claude-haiku-* name, or no tools, a small max_tokens and not the live agent's
+# session) go to this slot; the other requests to the other one.
+[side_requests]
+slot = 1
 """
 
 

@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from proxy.config.files import CONFIG_LIMIT, read_local_file
 from proxy.config.model_names import ModelNameSettings
 from proxy.config.routing import RoutingSettings
+from proxy.config.side_requests import SideRequestSettings
 from supervisor.flags import PARALLEL, positive_int
 from supervisor.settings import SupervisorSettings
 from supervisor.spec import DraftSpec
@@ -640,6 +641,12 @@ class Settings(BaseSettings):
     ui: UiSettings = Field(
         default=UiSettings(),
         description="The live page at /ui/ and what the proxy keeps for it.",
+    )
+    side_requests: SideRequestSettings = Field(
+        default=SideRequestSettings(),
+        description="An agent's side requests and the llama-server slot kept for them. The "
+        "side requests (titles, claude-haiku-* calls) then never take the slot that holds the "
+        "agent's prompt cache.",
     )
 
     @classmethod

@@ -19,8 +19,17 @@ _EMPTY_REST = re.compile(rb"[ \t\r\n]*}")
 
 def with_depth(raw: bytes, depth: int) -> bytes:
     """``raw`` (a JSON object, already validated) with the depth as its first member."""
+    return _with_first(raw, _PREFIX, depth)
+
+
+def with_integer(raw: bytes, key: str, value: int) -> bytes:
+    """``raw`` with another integer member first (``id_slot``: proxy.serving.side_requests)."""
+    return _with_first(raw, b'{"' + key.encode() + b'":', value)
+
+
+def _with_first(raw: bytes, prefix: bytes, value: int) -> bytes:
     start = raw.index(b"{")  # only whitespace may precede it in a valid JSON object
     separator = b"" if _EMPTY_REST.match(raw, start + 1) else b","
     # One allocation, the size of the body: slices of a large body would each copy it again.
     rest = memoryview(raw)[start + 1 :]
-    return b"".join((raw[:start], _PREFIX, str(int(depth)).encode(), separator, rest))
+    return b"".join((raw[:start], prefix, str(int(value)).encode(), separator, rest))

@@ -27,7 +27,7 @@ from proxy.routing.telemetry import (
 )
 from proxy.serving.admission import QueueRefused
 from proxy.serving.backends import LiveBackend
-from proxy.serving.depth_field import with_depth
+from proxy.serving.depth_field import with_depth, with_integer
 from proxy.serving.depth_headers import depth_headers
 from proxy.serving.errors import error_response
 from proxy.serving.forward import (
@@ -42,6 +42,7 @@ from proxy.serving.forward import (
     upstream_url,
 )
 from proxy.serving.responses_events import ResponsesEventIndexer
+from proxy.serving.side_requests import SLOT_KEY, side_rule, slot_of
 from proxy.state import ProxyState
 
 _RETRY_AFTER_S = 2.0
@@ -75,6 +76,8 @@ class Exchange:
         self.sequence = 0
         request[LOGGED] = True  # every way out of an exchange writes the request's line
         self.own_depth = DEPTH_KEY in body  # the client chose its depth: it is not replaced
+        self.side, self.own_slot = self._side_request(body)
+        self.slot: int | None = None  # the id_slot it was sent with (proxy.serving.side_requests)
         depth = body.get(DEPTH_KEY)
         self.client_depth = None if isinstance(depth, bool) or not isinstance(depth, int) else depth
         self.depth_run = DepthRecord()  # what its run says about its depth (routing.depth_clock)
@@ -83,6 +86,20 @@ class Exchange:
         self.failed: dict[str, int] = {}  # backend -> generation that failed before answering
         self._rechecks: dict[str, asyncio.TimerHandle] = {}  # ... to be tried again at its end
         self._rechecked: set[str] = set()  # ... that may be tried again: still serving then
+
+    def _side_request(self, body: dict[str, Any]) -> tuple[str | None, bool]:
+        """(the rule that makes it a side request, or None; whether the client chose its own
+        slot). Only with a slot kept for side requests; a main turn with tools and a session
+        key makes that session the model's live agent."""
+        settings = self.state.settings.side_requests
+        if settings.slot is None:
+            return None, False
+        live = self.state.live_agents
+        named = self.features_model if isinstance(self.features_model, str) else ""
+        rule = side_rule(self.features, named, live.get(self.model), settings)
+        if rule is None and self.features.has_tools and self.features.session_key is not None:
+            live[self.model] = self.features.session_key
+        return rule, SLOT_KEY in body
 
     @functools.cached_property
     def log(self) -> FilteringBoundLogger:
@@ -259,6 +276,10 @@ class Exchange:
         body = self._mended(backend.name)
         if route.depth is not None and not self.own_depth:
             body = with_depth(body, route.depth)
+        side = self.state.settings.side_requests
+        self.slot = None if self.own_slot else slot_of(self.side is not None, backend.slots, side)
+        if self.slot is not None:
+            body = with_integer(body, SLOT_KEY, self.slot)
         prefill = self.features.stream
         with state.backends.lease(backend), state.router.running(route, prefill=prefill) as run:
             self.sequence = sequence = backend.started_total
@@ -462,6 +483,8 @@ class Exchange:
             est_prompt_tokens=self.features.est_prompt_tokens,
             kind=self.features.kind,
             **({"mended": self.mends.applied} if self.mends.applied else {}),
+            **({"side_request": self.side} if self.side is not None else {}),
+            **({"id_slot": self.slot} if self.slot is not None else {}),
             **fields,
         )
         output = None if observation is not None else usage.output_tokens or usage.predicted_n
