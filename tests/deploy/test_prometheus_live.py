@@ -69,10 +69,10 @@ ALL = ".*"
 # "All" (`.*` matches the empty string), not once a value is picked; a backend panel filtering
 # on the profile went empty once one was picked, the one-process backends being "one-process".
 PROFILE_VALUES = ("off", "min", "max", "bad")
-SELECTIONS = {
-    "All": {"model": ALL, "profile": ALL},
-    "one": {"model": "mtp-demo", "profile": "max"},
-    **{f"profile {p}": {"model": ALL, "profile": p} for p in PROFILE_VALUES},
+SELECTIONS = {  # box: this one proxy (several boxes: tests/boxes/test_prometheus_boxes.py)
+    "All": {"model": ALL, "profile": ALL, "box": ALL},
+    "one": {"model": "mtp-demo", "profile": "max", "box": ALL},
+    **{f"profile {p}": {"model": ALL, "profile": p, "box": ALL} for p in PROFILE_VALUES},
 }
 # Panel queries (selection, panel title, refId) that legitimately show nothing under this
 # traffic, with the reason.
@@ -170,28 +170,29 @@ class Prometheus:
         return result
 
 
-def prometheus_config(directory: Path, proxy_port: int) -> Path:
-    """The shipped scrape config, pointed at this proxy, at a 1 s interval."""
+def prometheus_config(directory: Path, proxy_port: int, *more: int) -> Path:
+    """The shipped scrape config, pointed at this proxy (and `more`: tests/boxes), at a 1 s
+    interval."""
     config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
     interval = f"{SCRAPE_S}s"
     config["global"].update(scrape_interval=interval, evaluation_interval=interval)
     config["rule_files"] = [str(PROMETHEUS_DIR / name) for name in config["rule_files"]]
     (job,) = config["scrape_configs"]
     job.update(scrape_interval=interval, scrape_timeout=interval)
-    job["static_configs"] = [{"targets": [f"127.0.0.1:{proxy_port}"]}]
+    job["static_configs"] = [{"targets": [f"127.0.0.1:{p}" for p in (proxy_port, *more)]}]
     path = directory / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
-def start_prometheus(directory: Path, proxy_port: int) -> Prometheus:
+def start_prometheus(directory: Path, proxy_port: int, *more: int) -> Prometheus:
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.fail("prometheus is not installed: run scripts/install-tools.sh (as root) first")
     port = free_port()
     argv = [
         binary,
-        f"--config.file={prometheus_config(directory, proxy_port)}",
+        f"--config.file={prometheus_config(directory, proxy_port, *more)}",
         f"--storage.tsdb.path={directory / 'data'}",
         f"--web.listen-address=127.0.0.1:{port}",
         "--log.level=warn",

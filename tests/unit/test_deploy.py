@@ -266,7 +266,7 @@ def test_dashboard_variables_come_from_the_request_metrics(dashboard: dict[str, 
         for v in dashboard["templating"]["list"]
         if v["type"] == "query"
     }
-    assert set(queries) == {"model", "profile"}
+    assert set(queries) == {"model", "profile", "box"}  # box: one proxy per box, its instance
     for query in queries.values():
         match = re.fullmatch(r"label_values\((\w+)\{[^}]*\}, *\w+\)", query)
         assert match and match.group(1) == "mtp_proxy_requests_total", query
