@@ -40,7 +40,7 @@ def add_parser(commands: Any) -> None:
     )
     actions = learned.add_subparsers(dest="action", required=True)
     export = actions.add_parser("export", help="write the learned file as an export")
-    export.add_argument("file", type=Path, help="the export to write (- for stdout)")
+    export.add_argument("file", type=Path, help="the export to write")
     imported = actions.add_parser("import", help="merge exports into this box's priors")
     imported.add_argument("files", type=Path, nargs="+", help="exports of other boxes")
     for action in (export, imported):
@@ -53,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
     settings = load_or_exit(args.config)
     path = settings.routing.learned_file
     if path is None:
-        print("mtp-proxy learned: routing.learned_file is not set: nothing learned is kept")
+        print(
+            "mtp-proxy learned: routing.learned_file is not set: nothing learned is kept",
+            file=sys.stderr,
+        )
         return 2
     if args.action == "export":
         return _export(settings, path, args.file)
@@ -70,12 +73,8 @@ def _export(settings: Settings, path: Path, target: Path) -> int:
         for model, key in current.items()
     }
     document = export_document(stats, keys)
-    data = json.dumps(document, separators=(",", ":")).encode()
-    if str(target) == "-":
-        sys.stdout.buffer.write(data + b"\n")
-    else:
-        write_atomic(target, data)
-        print(f"exported {len(document['cells'])} cells of {path} to {target}")
+    write_atomic(target, json.dumps(document, separators=(",", ":")).encode())
+    print(f"exported {len(document['cells'])} cells of {path} to {target}")
     return 0
 
 
@@ -113,10 +112,16 @@ def _learned_document(path: Path, settings: Settings) -> dict[str, Any] | None:
     except FileNotFoundError:
         document = json.loads(LearnedStats(settings.routing).dumps())
     except (OSError, ValueError) as exc:
-        print(f"mtp-proxy learned import: {path} is not readable ({exc}); nothing merged")
+        print(
+            f"mtp-proxy learned import: {path} is not readable ({exc}); nothing merged",
+            file=sys.stderr,
+        )
         return None
     if not isinstance(document, dict) or document.get("version") != 1:
-        print(f"mtp-proxy learned import: {path} is not a learned file; nothing merged")
+        print(
+            f"mtp-proxy learned import: {path} is not a learned file; nothing merged",
+            file=sys.stderr,
+        )
         return None
     priors = document.get("priors") or {}
     document["priors"] = priors if isinstance(priors, dict) else {}
