@@ -33,6 +33,10 @@ from supervisor.spec_types import MTP, SPEC_TYPES
 LEARNED_FILE = "/var/lib/mtp-proxy/learned-stats.json"  # the unit's StateDirectory
 _CTX_STEP = 1024
 _MIN_CTX = 4096
+SIDE_SLOT_ARGS = ("--kv-unified", "--no-cache-idle-slots")
+"""Two slots sharing one KV cache, each up to -c. Without --no-cache-idle-slots, llama-server
+(the pinned build) saves every idle slot to host memory and clears it when a task starts on
+unified KV: a side request would still evict the agent's prefix from slot 0."""
 SIDE_TOKENS = 4096
 """What the slot kept for side requests takes of -c at most (a title or a haiku call is a few
 thousand tokens): the two slots share one KV cache (--kv-unified), each up to -c, so -c never
@@ -304,7 +308,7 @@ default = "{name}"
 
 
 def _model_text(name: str, model: Path, build: Build, context: Context, drafting: Drafting) -> str:
-    slots = ["-np", "2", "--kv-unified"] if context.side else ["-np", "1"]
+    slots = ["-np", "2", *SIDE_SLOT_ARGS] if context.side else ["-np", "1"]
     args = ["-c", str(context.tokens), "-ngl", "99", "-fa", "on", *slots]
     args_text = ", ".join(f'"{arg}"' for arg in [*args, *drafting.model_args])
     return f"""\
@@ -328,8 +332,10 @@ def _slots_words(side: bool) -> str:
     if side:
         return """-np 2 --kv-unified: two slots sharing
 # one KV cache, slot 1 kept for an agent's side requests (titles, claude-haiku-* calls:
-# [side_requests] below), so they never evict the agent's long prompt from slot 0. Speculative
-# decoding gains most alone: the agent's turns keep running alone but for those short requests."""
+# [side_requests] below), so they never evict the agent's long prompt from slot 0;
+# --no-cache-idle-slots: llama-server would otherwise clear the idle slot 0 (saved to host
+# memory) whenever a side request starts. Speculative decoding gains most alone: the agent's
+# turns run alone but for those short requests."""
     return """-np 1: one request at a time
 # (speculative decoding gains most alone). An agent's side requests then take the only slot:
 # llama-server saves the agent's prompt to host memory and loads it back (--cache-ram, MiB,

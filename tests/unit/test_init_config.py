@@ -164,7 +164,10 @@ def test_the_config_has_everything_and_validates(tmp_path: Path) -> None:
     (m,) = settings.models
     assert (m.name, m.binary, m.model_path) == ("tiny-qwen", str(binary), str(model))
     # Room for a slot kept for side requests: two slots sharing one KV cache, slot 1 kept.
-    assert m.args == ["-c", "8192", "-ngl", "99", "-fa", "on", "-np", "2", "--kv-unified"]
+    assert m.args == [
+        "-c", "8192", "-ngl", "99", "-fa", "on", "-np", "2", "--kv-unified",
+        "--no-cache-idle-slots",
+    ]  # fmt: skip
     assert settings.side_requests.slot == 1
     assert [(p.name, p.spec_type, p.draft_n_max) for p in m.profiles] == [
         ("off", None, None),
