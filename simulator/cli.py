@@ -12,7 +12,7 @@ import structlog
 
 from simulator.config import SimConfig, parse_acceptance_scale
 from simulator.model import DraftSettings
-from simulator.presets import load_preset
+from simulator.presets import bundled_presets, load_preset
 from supervisor.spec_types import SPEC_TYPES, type_names
 
 # option string -> takes a value
@@ -96,7 +96,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--spec-draft-n-min", type=int, default=0)
     p.add_argument("--spec-draft-p-min", type=float, default=0.75)
     p.add_argument("-a", "--alias", default=None)
-    p.add_argument("--preset", default="setup-b", help="calibration preset name or .toml path")
+    p.add_argument(
+        "--preset",
+        default="setup-b",
+        help=f"calibration preset: {', '.join(bundled_presets())} (simulator/presets/), or a "
+        ".toml path (fast: for tests; the others: published GPU figures)",
+    )
     p.add_argument("--time-scale", type=float, default=1.0, help="simulated s per wall s")
     p.add_argument("--load-time", type=float, default=0.0, help="seconds of 503 Loading model")
     p.add_argument("-s", "--seed", type=int, default=0)

@@ -313,7 +313,9 @@ def test_tool_results_count_as_code() -> None:
 
 
 def test_bundled_presets_load() -> None:
-    assert {"setup-a", "setup-b", "fast"} <= set(bundled_presets())
+    assert set(bundled_presets()) == {
+        "fast", "rtx3090-250w", "setup-a", "setup-b", "setup-b-batched",
+    }  # fmt: skip
     for name in bundled_presets():
         assert load_preset(name).name == name
     with pytest.raises(ValueError, match="unknown preset"):
@@ -355,10 +357,12 @@ def test_every_type_of_the_pinned_build_is_taken_and_another_refused_as_it_refus
         )
 
 
-def test_help_is_not_swallowed_as_an_unknown_flag() -> None:
+def test_help_is_not_swallowed_as_an_unknown_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         parse_config(["--help"])
     assert exit_info.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert all(name in shown for name in bundled_presets())  # --preset lists every preset
 
 
 def test_common_prefix() -> None:
