@@ -1,7 +1,8 @@
 """What each model's learned state is valid for on this box (proxy.routing.priors.LearnedKey).
 
 - build: what the backend's ``--version`` prints (llama-server: its version, commit and
-  compiler), run once per binary, bounded; the simulator's: the package's version and preset.
+  compiler), run once per binary, bounded, and the binary's and its libraries' hashes (below);
+  the simulator's: the package's version and preset.
 - model_hash: the GGUF's size and a BLAKE2 hash of its first MiB. Cheap on a 400 GB file, and
   enough: the header holds the architecture, the tensor shapes and the quantisation, so another
   file of the same size whose first MiB is the same is the same model in practice (a re-download
@@ -90,7 +91,12 @@ def build_of(binary: str) -> str:
         return f"unknown: {type(exc).__name__}"
     text = (done.stdout + done.stderr).decode(errors="replace")
     lines = [ln.strip() for ln in text.splitlines() if ln.startswith(("version:", "built with"))]
-    return " ; ".join(lines) or f"unknown: {text.strip()[:80]}"
+    # A build from a source tree without git says "build 0, commit unknown" whatever it holds
+    # (the pinned sdist's does): the binary and its libraries, hashed like a model, tell two
+    # such builds apart.
+    files = sorted(Path(binary).resolve().parent.glob("lib*.so*"))
+    hashes = [file_hash(str(f)) for f in [Path(binary), *files] if f.is_file()]
+    return " ; ".join([*lines, *hashes]) or f"unknown: {text.strip()[:80]}"
 
 
 def _own_version() -> str:

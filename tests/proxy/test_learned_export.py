@@ -142,3 +142,21 @@ def test_a_learned_file_carried_to_another_box_starts_from_priors(
         assert learned_rows(proxy) == {}
         (line,) = [x for x in proxy.log_lines() if x.get("event") == "learned_state_stale"]
     assert line["changed"] == ["box"] and line["cells_dropped"] == 3
+
+
+def test_two_builds_that_print_the_same_version_have_different_keys(tmp_path: Path) -> None:
+    """A build from a tree without git prints "commit unknown" whatever it holds: the binary's
+    hash tells two apart (proxy.plans.learned_keys)."""
+    from proxy.plans.learned_keys import build_of
+
+    builds = []
+    for n in (1, 2):
+        binary = tmp_path / f"build-{n}" / "llama-server"
+        binary.parent.mkdir()
+        binary.write_text(
+            f"#!/bin/sh\n# build {n}\necho 'version: 0.6.0-dev (build 0, commit unknown)' >&2\n"
+        )
+        binary.chmod(0o755)
+        builds.append(build_of(str(binary)))
+    assert all(b.startswith("version: 0.6.0-dev (build 0, commit unknown) ; ") for b in builds)
+    assert builds[0] != builds[1]
