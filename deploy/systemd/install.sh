@@ -67,6 +67,11 @@ run_quiet() {
   echo "+ $* >/dev/null"
   if [ -z "$dry_run" ]; then "$@" >/dev/null; fi
 }
+# Whether a unit runs now: a question, not a step; quiet where no systemd answers (a dry run on
+# a container or a build box), where it counts as not running.
+running() {
+  systemctl is-active --quiet "$1" 2>/dev/null
+}
 
 python=${PYTHON:-python3}
 prefix=/opt/mtp-proxy
@@ -165,7 +170,7 @@ fi
 run install -d -m 0750 -o root -g "$user" "$etc"
 if [ ! -e "$etc/config.toml" ]; then
   run install -m 0640 -o root -g "$user" "$repo/config.toml" "$etc/config.toml"
-  say "wrote $etc/config.toml from the example (the simulated demo): for your model run"
+  say "$([ -n "$dry_run" ] && echo "would write" || echo wrote) $etc/config.toml from the example (the simulated demo): for your model run"
   say "  sudo $venv/bin/mtp-proxy init /srv/models/MODEL.gguf --out $etc/config.toml --force"
 fi
 # Refuse to (re)start on a config the service user cannot load.
@@ -178,7 +183,7 @@ if [ -n "$prometheus" ]; then
   run "$venv/bin/python" "$repo/deploy/prometheus/add_to_prometheus.py" "$prometheus" "$rules" \
     "$repo/deploy/prometheus/prometheus.yml"
   if command -v promtool >/dev/null; then run_quiet promtool check config "$prometheus"; fi
-  if systemctl is-active --quiet prometheus.service; then
+  if running prometheus.service; then
     run systemctl reload prometheus.service
   else
     say "Prometheus is not running: it loads the job when it starts"
@@ -188,7 +193,7 @@ fi
 # --- 6. The unit: installed, enabled, and (re)started so an upgrade takes effect -------------
 run install -m 0644 "$repo/deploy/systemd/mtp-proxy.service" "$unit"
 run systemctl daemon-reload
-if systemctl is-active --quiet mtp-proxy.service; then
+if running mtp-proxy.service; then
   run systemctl enable mtp-proxy.service
   run systemctl restart mtp-proxy.service
 else

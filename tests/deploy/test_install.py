@@ -117,8 +117,16 @@ def test_an_interpreter_under_a_home_is_refused_before_anything(box: Box, how: s
 
 
 def test_dry_run_prints_every_step_and_does_nothing(box: Box) -> None:
-    done = box.run(f"PYTHON=/usr/bin/python3 {INSTALL} --dry-run --with-llama-server --prometheus")
+    # The box's own systemctl, not the stand-in: where no systemd runs, as on a build box, its
+    # questions fail loudly; a dry run prints its steps and nothing of that.
+    done = box.run(
+        "PATH=/usr/sbin:/usr/bin:/sbin:/bin PYTHON=/usr/bin/python3 "
+        f"{INSTALL} --dry-run --with-llama-server --prometheus"
+    )
     assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert all(line.startswith(("+ ", "install.sh: ")) for line in done.stdout.splitlines())
+    assert "would write /etc/mtp-proxy/config.toml" in done.stdout
     steps = [line for line in done.stdout.splitlines() if line.startswith("+ ")]
     expected = [
         "+ useradd --system",
@@ -256,3 +264,38 @@ def test_a_model_the_service_cannot_read_fails_the_start_with_its_cause(
     )
     journal = box.ok("journalctl -u mtp-proxy -n 5")
     assert f"mtp-proxy: {match.group(1)}" in journal
+
+
+def test_a_model_under_a_home_gets_the_drop_in_that_serves_it(box: Box, installed: str) -> None:
+    """The user's ~/models: init warns, check-config refuses, each printing the drop-in;
+    pasted as printed, the service reads the model and answers."""
+    model = "/home/alice/models/tiny-qwen.gguf"
+    box.ok(
+        f"mkdir -p /home/alice/models && cp {box.models}/tiny-qwen.gguf {model} && "
+        f"chmod 0644 {model} && chmod 0700 /home/alice"  # a home others cannot search
+    )
+    init = box.run(f"{VENV}/bin/mtp-proxy init {model} --out {CONFIG} --force")
+    assert init.returncode == 0, init.stderr
+    hidden = f"the service cannot see {model}: ProtectHome=yes hides /home, /root and /run/user"
+    assert f"warning: {hidden}" in init.stderr
+    checked = box.run(f"{VENV}/bin/mtp-proxy check-config --config {CONFIG}")
+    assert checked.returncode == 2, checked.stdout
+    assert f"  - models.0.model_path (tiny-qwen): {hidden}" in checked.stderr
+    drop_in = "".join(
+        line.strip() + "\n" for line in checked.stderr.splitlines() if line.startswith("    ")
+    )
+    assert drop_in == "[Service]\nProtectHome=tmpfs\nBindReadOnlyPaths=/home/alice/models\n"
+    assert drop_in in "".join(line.strip() + "\n" for line in init.stderr.splitlines())
+    box.ok(f"printf '{drop_in}' > /etc/systemd/system/mtp-proxy.service.d/models.conf")
+    again = box.run(f"{VENV}/bin/mtp-proxy check-config --config {CONFIG}")
+    assert again.returncode == 0, again.stderr
+    box.ok("systemctl daemon-reload && systemctl restart mtp-proxy", timeout=180)
+    body = json.dumps(
+        {"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}],
+         "max_tokens": 8}
+    )  # fmt: skip
+    answer = box.ok(
+        f"curl -s -D - http://127.0.0.1:{box.port}/v1/chat/completions "
+        f"-H 'Content-Type: application/json' -d '{body}'"
+    )
+    assert answer.startswith("HTTP/1.1 200"), answer
