@@ -170,13 +170,24 @@ async def open_upstream(
     timeouts: Timeouts,
     method: str = "POST",
 ) -> aiohttp.ClientResponse:
-    """Send the request and wait for the response head; raise UpstreamUnavailable if it fails."""
-    try:
-        response = await session.request(
-            method, url, data=body or None, headers=headers, timeout=timeouts.until_first_byte
-        )
-    except _UPSTREAM_ERRORS as exc:
-        raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    """Send the request and wait for the response head; raise UpstreamUnavailable if it fails.
+
+    A request the backend dropped unanswered on a pooled connection (ServerDisconnectedError:
+    it closed the connection as it went idle, while a late event loop still took it for fresh;
+    supervisor.connections) is sent once more at once, on a new connection, as browsers do: it
+    never reached the backend, and waiting for that healthy process to be rechecked held it for
+    seconds."""
+    for resend in (False, True):
+        try:
+            response = await session.request(
+                method, url, data=body or None, headers=headers, timeout=timeouts.until_first_byte
+            )
+            break
+        except aiohttp.ServerDisconnectedError as exc:
+            if resend:
+                raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        except _UPSTREAM_ERRORS as exc:
+            raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
     if response.status in _RETRYABLE_STATUS:
         response.close()
         raise UpstreamUnavailable(f"backend answered {response.status}")
