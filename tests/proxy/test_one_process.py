@@ -332,9 +332,9 @@ async def test_requests_that_decoded_beside_another_depth_are_not_learned_from(
         await send(session, proxy, "chat", f"{SHORT} alone", pin="max")
     status, routing = proxy.get_json("/admin/routing", admin_key=ADMIN_KEY)
     assert status == 200
-    classes = {row["request_class"] for row in routing["learned"]}
-    assert "<4k/prose@1" in classes, classes  # the lone request is learned
-    assert not any(c.startswith("4k-16k/") for c in classes), classes
+    classes = {(row["request_class"], row["load_level"]) for row in routing["learned"]}
+    assert ("<4k/prose", "1") in classes, classes  # the lone request is learned
+    assert not any(c.startswith("4k-16k/") for c, _ in classes), classes
 
 
 def busy_samples(proxy: ProxyProcess) -> dict[str, float]:
