@@ -327,7 +327,7 @@ class PageReader:
             for tick in itertools.count():
                 paths = ["backends", "depths", f"requests?after={after}&limit={PAGE_KEEP_ROWS}"]
                 if tick % PAGE_SLOW_EVERY == 0:
-                    paths += ["routing", "chart"]
+                    paths += ["routing", "chart", "drafting"]
                 answers = await asyncio.gather(*(self._get(session, "/admin/" + p) for p in paths))
                 after = _seen(answers[2], after)
                 await asyncio.sleep(PAGE_POLL_S)

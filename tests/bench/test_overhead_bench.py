@@ -16,7 +16,7 @@ import pytest
 from bench import overhead
 
 APP_JS = Path(overhead.__file__).parents[1] / "proxy" / "ui" / "static" / "app.js"
-PAGE_READS = ("backends", "depths", "requests", "routing", "chart")
+PAGE_READS = ("backends", "depths", "requests", "routing", "chart", "drafting")
 
 
 def test_overhead_benchmark_measures_every_path(capsys: pytest.CaptureFixture[str]) -> None:
@@ -33,7 +33,9 @@ def test_overhead_benchmark_measures_every_path(capsys: pytest.CaptureFixture[st
     for row in rows.values():
         assert row["errors"] == 0
         assert row["samples"] == {"small": 400, "stream": 32}[row["workload"]]  # all measured
-        assert 0.5 < row["ratio"] < 2.0  # tokens/s (streams) or requests/s within reason
+        # tokens/s (streams) or requests/s within reason: a sanity bound, wide for a loaded
+        # machine (the figures themselves are docs/benchmarks.md's)
+        assert 0.3 < row["ratio"] < 3.0
         assert row["cpu_s_per_1k"] > 0  # the proxy's own CPU time was read
         low, high = row["added_p50_rounds_ms"]
         assert math.isfinite(low) and low <= high

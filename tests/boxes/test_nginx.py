@@ -40,7 +40,9 @@ async def chat(
         async with session.post(
             balancer.url + "/v1/chat/completions", json=body, headers={"X-MTP-Session": key}
         ) as response:
-            return response.status, response.headers.get("X-Served-By", ""), await response.read()
+            # nginx lists every upstream it tried ("dead, alive" after a kill): the last answered.
+            served = response.headers.get("X-Served-By", "").split(",")[-1].strip()
+            return response.status, served, await response.read()
     except aiohttp.ClientPayloadError as exc:
         return -1, "", str(exc).encode()
 
