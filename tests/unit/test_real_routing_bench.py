@@ -71,6 +71,12 @@ def test_the_traces_are_deterministic_and_numbered_once() -> None:
 def test_every_class_each_round_and_the_agent_grows() -> None:
     rounds = alone_rounds(4, 1, 64, Numbering())
     assert all([i.cls for i in r] == list(CLASSES) for r in rounds)
+    small = alone_rounds(4, 1, 64, Numbering(), scale=0.25)  # the quick run's
+    assert all(
+        len(str(s.request.body)) < len(str(i.request.body)) / 2
+        for s, i in zip(small[-1], rounds[-1], strict=True)
+        if i.cls in ("copy", "agent")
+    )
     agent = [len(str(r[-1].request.body["messages"])) for r in rounds]
     assert agent == sorted(agent) and agent[-1] > agent[0] + 3000
     assert {i.request.session for r in rounds for i in r} == {"alone"}
