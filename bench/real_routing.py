@@ -54,6 +54,7 @@ from bench.real_routing_report import (
     classifier_report,
     draft_control_report,
     headline,
+    markdown_table,
     records_json,
     render,
     scenario_report,
@@ -384,6 +385,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=None, help="max_tokens (default 128)")
     p.add_argument("--quick", action="store_true", help="one round each, 16 tokens, fewer arms")
     p.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
+    p.add_argument(
+        "--table", type=Path, default=None, help="print a saved report's docs table and exit"
+    )
     return p
 
 
@@ -410,6 +414,9 @@ def _default_model() -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.table is not None:
+        print(markdown_table(json.loads(args.table.read_text())))
+        return 0
     plan = plan_of(args)
     if not plan.model.is_file():
         _parser().error(f"no model file {plan.model} (scripts/fetch-models.sh gemma3-270m)")

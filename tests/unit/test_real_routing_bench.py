@@ -18,6 +18,7 @@ from bench.real_routing_report import (
     drafted_after,
     goodput,
     headline,
+    markdown_table,
     render,
     scenario_report,
 )
@@ -238,3 +239,10 @@ def test_the_headline_and_the_text_report() -> None:
     assert "max=16" in text and "@4 0.900x -> off (code 0.90x)" in text
     assert "draft-simple adaptive: none" in text and "(goal >= 0.95x: met); never drafted" in text
     assert "edit   meant code" in text
+    table = markdown_table(report).splitlines()
+    assert table[0] == (
+        "| scenario | class | off=0 | min=8 | max=16 | adaptive | best | adaptive / best "
+        "| adaptive ran |"
+    )
+    assert table[2] == "| alone | edit | 50.0 | 66.7 | 100.0 | 90.9 | max=16 | 0.909x | max 1 |"
+    assert table[-1].startswith("draft-simple control: static off 50.0, adaptive 50.0 tok/s")
