@@ -28,7 +28,8 @@ The report (also --out JSON): first the headline, adaptive / the best static arm
 then per scenario each class's goodput per arm, the best static arm, adaptive's ratio to it and
 its profiles and reasons; the start-up calibration's verdict; the proxy's class for each trace
 class against the kind it is meant to be. Exit 1 when a request failed. About 25 minutes on two
-cores with the defaults; ``--quick`` (a round of each scenario, 16 tokens) about three.
+cores with the defaults; ``--quick`` (a round of each scenario, 16 tokens, prompts a quarter the
+size) a few minutes.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from bench.real_routing_report import (
     classifier_report,
     draft_control_report,
     headline,
+    markdown_table,
     records_json,
     render,
     scenario_report,
@@ -87,6 +89,7 @@ class Plan:
     concurrent_rounds: int = 5
     control_rounds: int = 4
     tokens: int = 128
+    scale: float = 1.0  # of the prompts' texts
     clients: int = 4
     ctx: int = 32768
     calibration_tokens: int = 96
@@ -105,6 +108,7 @@ QUICK: dict[str, Any] = {
     "concurrent_rounds": 1,
     "control_rounds": 1,
     "tokens": 16,
+    "scale": 0.25,
     "calibration_tokens": 16,
     "arms": ("static:off", "static:max", ADAPTIVE),
 }
@@ -308,12 +312,16 @@ def run_family(
 def run(plan: Plan, workdir: Path) -> dict[str, Any]:
     numbering = Numbering()
     scenarios = {
-        "alone": alone_rounds(plan.rounds, plan.seed, plan.tokens, numbering),
+        "alone": alone_rounds(plan.rounds, plan.seed, plan.tokens, numbering, plan.scale),
         "concurrent": concurrent_rounds(
-            plan.concurrent_rounds, plan.seed + 1, plan.tokens, plan.clients, numbering
+            plan.concurrent_rounds, plan.seed + 1, plan.tokens, plan.clients, numbering, plan.scale
         ),
     }
-    control = {"control": short_rounds(plan.control_rounds, plan.seed + 2, plan.tokens, numbering)}
+    control = {
+        "control": short_rounds(
+            plan.control_rounds, plan.seed + 2, plan.tokens, numbering, plan.scale
+        )
+    }
     began = time.monotonic()
     main, main_info = run_family(plan, plan.spec_type, plan.arms, scenarios, workdir)
     report: dict[str, Any] = {
@@ -377,6 +385,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=None, help="max_tokens (default 128)")
     p.add_argument("--quick", action="store_true", help="one round each, 16 tokens, fewer arms")
     p.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
+    p.add_argument(
+        "--table", type=Path, default=None, help="print a saved report's docs table and exit"
+    )
     return p
 
 
@@ -403,6 +414,9 @@ def _default_model() -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.table is not None:
+        print(markdown_table(json.loads(args.table.read_text())))
+        return 0
     plan = plan_of(args)
     if not plan.model.is_file():
         _parser().error(f"no model file {plan.model} (scripts/fetch-models.sh gemma3-270m)")

@@ -289,3 +289,32 @@ def render(report: dict[str, Any]) -> str:
     if report.get("errors"):
         parts.append("ERRORS:\n" + "\n".join(f"  {e}" for e in report["errors"]))
     return "\n\n".join(parts)
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The docs' table: per scenario and class, goodput per arm, the best static arm and
+    adaptive's ratio to it, its profiles; then the draft-simple control's row."""
+    depths, arms = report["depths"], report["arms"]
+    labels = [arm_label(a, depths) for a in arms]
+    lines = [
+        "| scenario | class | " + " | ".join(labels) + " | best | adaptive / best | adaptive ran |",
+        "|---" * (len(arms) + 5) + "|",
+    ]
+    for name, scen in report["scenarios"].items():
+        for cls, row in [*scen["classes"].items(), ("**trace**", scen["trace"])]:
+            speeds = " | ".join(_num(row["tok_s"].get(a)) for a in arms)
+            best = arm_label(row["best_static"], depths) if row["best_static"] else "-"
+            mix = ", ".join(f"{p} {n}" for p, n in row["adaptive_profiles"].items())
+            lines.append(
+                f"| {name} | {cls} | {speeds} | {best} | {_x(row['adaptive_vs_best_static'])} "
+                f"| {mix} |"
+            )
+    control = report.get("draft_control")
+    if control:
+        after = control["stopped_drafting_after"]
+        lines.append(
+            f"\ndraft-simple control: static off {_num(control['tok_s'].get(OFF_ARM))}, adaptive "
+            f"{_num(control['tok_s'].get(ADAPTIVE))} tok/s, {_x(control['adaptive_vs_off'])}; "
+            + ("still drafting at the end" if after is None else f"last drafted at request {after}")
+        )
+    return "\n".join(lines)

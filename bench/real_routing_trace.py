@@ -16,7 +16,8 @@ The intended content kind of each class (``INTENDED``) is what the proxy's class
 say (proxy/routing/features.py); the report puts the two side by side. Every request is a
 greedy (temperature 0) chat completion of at most ``tokens`` tokens. A request's ``session``
 is the client that sends it (bench/routing_replay.py sends a client's requests in order): one
-client for the alone scenario, ``clients`` for the concurrent one.
+client for the alone scenario, ``clients`` for the concurrent one. ``scale`` shrinks the texts
+(the quick run's prefill on a busy CPU).
 """
 
 from __future__ import annotations
@@ -75,19 +76,19 @@ def _fenced(code: str) -> str:
     return f"```{lang}\n{code.rstrip()}\n```"
 
 
-def edit_messages(rng: random.Random, r: int) -> list[dict[str, str]]:
+def edit_messages(rng: random.Random, r: int, scale: float = 1.0) -> list[dict[str, str]]:
     old, new = RENAMES[r % len(RENAMES)]
-    code = texts.code_file(rng, EDIT_CHARS)
+    code = texts.code_file(rng, int(EDIT_CHARS * scale))
     return _user(f"Rename `{old}` to `{new}` in this code and show it again:\n\n{_fenced(code)}")
 
 
-def new_messages(rng: random.Random, r: int) -> list[dict[str, str]]:
+def new_messages(rng: random.Random, r: int, scale: float = 1.0) -> list[dict[str, str]]:
     return _user(texts.CODE_QUESTIONS[(r + rng.randrange(2)) % len(texts.CODE_QUESTIONS)])
 
 
-def copy_messages(rng: random.Random, r: int) -> list[dict[str, str]]:
+def copy_messages(rng: random.Random, r: int, scale: float = 1.0) -> list[dict[str, str]]:
     old, new = RENAMES[(r + 1) % len(RENAMES)]
-    code = texts.code_file(rng, COPY_CHARS)
+    code = texts.code_file(rng, int(COPY_CHARS * scale))
     lead = (
         "This file comes from our billing service. We are renaming things across the code "
         f"base before the next release, and this file is next. Please rename `{old}` to "
@@ -96,8 +97,8 @@ def copy_messages(rng: random.Random, r: int) -> list[dict[str, str]]:
     return _user(lead + _fenced(code))
 
 
-def prose_messages(rng: random.Random, r: int) -> list[dict[str, str]]:
-    passage = texts.prose(rng, PROSE_CHARS)
+def prose_messages(rng: random.Random, r: int, scale: float = 1.0) -> list[dict[str, str]]:
+    passage = texts.prose(rng, int(PROSE_CHARS * scale))
     if r % 2 == 0:
         ask = "Please proofread this passage from our newsletter and return it corrected:"
     else:
@@ -105,7 +106,7 @@ def prose_messages(rng: random.Random, r: int) -> list[dict[str, str]]:
     return _user(f"{ask}\n\n{passage}")
 
 
-def chat_messages(rng: random.Random, r: int) -> list[dict[str, str]]:
+def chat_messages(rng: random.Random, r: int, scale: float = 1.0) -> list[dict[str, str]]:
     question = texts.PROSE_QUESTIONS[(r + rng.randrange(3)) % len(texts.PROSE_QUESTIONS)]
     if r % 2 == 0:
         return _user(question)
@@ -118,29 +119,30 @@ def chat_messages(rng: random.Random, r: int) -> list[dict[str, str]]:
     ]
 
 
-def agent_step(rng: random.Random, step: int) -> tuple[str, str]:
+def agent_step(rng: random.Random, step: int, scale: float = 1.0) -> tuple[str, str]:
     """One earlier step of the agent: its reply, then the tool output it got."""
     noun = rng.choice(("orders", "invoices", "sessions", "reports"))
+    chars = int(TOOL_CHARS * scale)
     if step % 3 == 0:
-        return f"Let me read src/{noun}.py.", f"src/{noun}.py:\n" + _fenced(
-            texts.code_file(rng, TOOL_CHARS)
-        )
+        code = _fenced(texts.code_file(rng, chars))
+        return f"Let me read src/{noun}.py.", f"src/{noun}.py:\n{code}"
     if step % 3 == 1:
-        return f"Searching for the callers of load_{noun}.", texts.grep_output(rng, 18)
-    return "Running the tests.", texts.test_log(rng, TOOL_CHARS)
+        return f"Searching for the callers of load_{noun}.", texts.grep_output(rng, chars // 80)
+    return "Running the tests.", texts.test_log(rng, chars)
 
 
 class AgentSession:
     """The agent's conversation so far; each ``turn`` adds one step and asks for the next."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, scale: float = 1.0) -> None:
         self.rng = random.Random(seed)
-        system = texts.agent_system(self.rng, "mtp-bench")[:AGENT_SYSTEM_CHARS]
+        self.scale = scale
+        system = texts.agent_system(self.rng, "mtp-bench")[: int(AGENT_SYSTEM_CHARS * scale)]
         task = texts.AGENT_TASKS[seed % len(texts.AGENT_TASKS)]
         self.messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
 
     def turn(self, step: int) -> list[dict[str, str]]:
-        reply, output = agent_step(self.rng, step)
+        reply, output = agent_step(self.rng, step, self.scale)
         self.messages += [
             {"role": "assistant", "content": reply},
             {"role": "user", "content": output},
@@ -169,14 +171,17 @@ class Numbering:
         return Item(cls, request)
 
 
-def alone_rounds(rounds: int, seed: int, tokens: int, numbering: Numbering) -> list[Round]:
+def alone_rounds(
+    rounds: int, seed: int, tokens: int, numbering: Numbering, scale: float = 1.0
+) -> list[Round]:
     """One client, one request at a time: every class once a round, the agent's turn last."""
-    agent = AgentSession(seed)
+    agent = AgentSession(seed, scale)
     out: list[Round] = []
     for r in range(rounds):
         rng = random.Random(seed * 1000 + r)
         items = [
-            numbering.item(cls, "alone", build(rng, r), tokens) for cls, build in BUILDERS.items()
+            numbering.item(cls, "alone", build(rng, r, scale), tokens)
+            for cls, build in BUILDERS.items()
         ]
         items.append(numbering.item("agent", "alone", agent.turn(r), tokens))
         out.append(items)
@@ -184,27 +189,31 @@ def alone_rounds(rounds: int, seed: int, tokens: int, numbering: Numbering) -> l
 
 
 def concurrent_rounds(
-    rounds: int, seed: int, tokens: int, clients: int, numbering: Numbering
+    rounds: int, seed: int, tokens: int, clients: int, numbering: Numbering, scale: float = 1.0
 ) -> list[Round]:
     """``clients`` clients at once: every class once a round plus a second edit and chat, dealt
     out in turn (the agent, the copy and the prose first), so each client sends two."""
-    agent = AgentSession(seed)
+    agent = AgentSession(seed, scale)
     order = ("agent", "copy", "edit", "prose", "new", "chat", "edit", "chat")
     out: list[Round] = []
     for r in range(rounds):
         rng = random.Random(seed * 1000 + r)
         items = []
         for i, cls in enumerate(order):
-            messages = agent.turn(r) if cls == "agent" else BUILDERS[cls](rng, r + i)
+            messages = agent.turn(r) if cls == "agent" else BUILDERS[cls](rng, r + i, scale)
             items.append(numbering.item(cls, f"client-{i % clients}", messages, tokens))
         out.append(items)
     return out
 
 
-def short_rounds(rounds: int, seed: int, tokens: int, numbering: Numbering) -> list[Round]:
+def short_rounds(
+    rounds: int, seed: int, tokens: int, numbering: Numbering, scale: float = 1.0
+) -> list[Round]:
     """One client: the five one-shot classes once a round (the draft-simple control's trace)."""
     out: list[Round] = []
     for r in range(rounds):
         rng = random.Random(seed * 1000 + r)
-        out.append([numbering.item(cls, "alone", b(rng, r), tokens) for cls, b in BUILDERS.items()])
+        out.append(
+            [numbering.item(cls, "alone", b(rng, r, scale), tokens) for cls, b in BUILDERS.items()]
+        )
     return out

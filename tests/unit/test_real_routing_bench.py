@@ -18,6 +18,7 @@ from bench.real_routing_report import (
     drafted_after,
     goodput,
     headline,
+    markdown_table,
     render,
     scenario_report,
 )
@@ -71,6 +72,12 @@ def test_the_traces_are_deterministic_and_numbered_once() -> None:
 def test_every_class_each_round_and_the_agent_grows() -> None:
     rounds = alone_rounds(4, 1, 64, Numbering())
     assert all([i.cls for i in r] == list(CLASSES) for r in rounds)
+    small = alone_rounds(4, 1, 64, Numbering(), scale=0.25)  # the quick run's
+    assert all(
+        len(str(s.request.body)) < len(str(i.request.body)) / 2
+        for s, i in zip(small[-1], rounds[-1], strict=True)
+        if i.cls in ("copy", "agent")
+    )
     agent = [len(str(r[-1].request.body["messages"])) for r in rounds]
     assert agent == sorted(agent) and agent[-1] > agent[0] + 3000
     assert {i.request.session for r in rounds for i in r} == {"alone"}
@@ -232,3 +239,10 @@ def test_the_headline_and_the_text_report() -> None:
     assert "max=16" in text and "@4 0.900x -> off (code 0.90x)" in text
     assert "draft-simple adaptive: none" in text and "(goal >= 0.95x: met); never drafted" in text
     assert "edit   meant code" in text
+    table = markdown_table(report).splitlines()
+    assert table[0] == (
+        "| scenario | class | off=0 | min=8 | max=16 | adaptive | best | adaptive / best "
+        "| adaptive ran |"
+    )
+    assert table[2] == "| alone | edit | 50.0 | 66.7 | 100.0 | 90.9 | max=16 | 0.909x | max 1 |"
+    assert table[-1].startswith("draft-simple control: static off 50.0, adaptive 50.0 tok/s")
