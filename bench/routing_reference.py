@@ -197,8 +197,8 @@ def class_gap(
     decode speed (the backend's own timings), weighted by its decode time at the two settings.
     Here every class is measured at both, on the same requests under the static runs'
     conditions: whether its sign names the better static row says whether that weighing picks
-    the trace's winner once it has the data (docs/benchmarks.md, "Does the busy comparison
-    name the winner?")."""
+    the trace's winner once it has the data (docs/benchmarks.md, "Other routing runs",
+    busy comparison)."""
     # class -> (decode ms, tokens) summed at the setting, and at the reference
     own: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     ref: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
