@@ -277,7 +277,9 @@ class Exchange:
         if route.depth is not None and not self.own_depth:
             body = with_depth(body, route.depth)
         side = self.state.settings.side_requests
-        self.slot = None if self.own_slot else slot_of(self.side is not None, backend.slots, side)
+        busy = backend.in_flight > 0
+        side_request = self.side is not None
+        self.slot = None if self.own_slot else slot_of(side_request, backend.slots, side, busy=busy)
         if self.slot is not None:
             body = with_integer(body, SLOT_KEY, self.slot)
         prefill = self.features.stream

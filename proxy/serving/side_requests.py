@@ -47,13 +47,15 @@ def side_rule(
     return ", ".join(shape) or None
 
 
-def slot_of(side: bool, slots: int, settings: SideRequestSettings) -> int | None:
+def slot_of(side: bool, slots: int, settings: SideRequestSettings, *, busy: bool) -> int | None:
     """The id_slot a request gets on a backend of ``slots`` slots: the kept slot for a side
-    request, the other one for the rest on two slots; None: llama-server chooses (no slot
-    kept, or the backend has too few)."""
+    request; on two slots the other one for the rest while nothing else is in flight there
+    (``busy``: a second turn pinned to the agent's slot would queue inside llama-server
+    beside an idle slot, so it goes wherever llama-server puts it); None: llama-server
+    chooses (no slot kept, or the backend has too few)."""
     kept = settings.slot
     if kept is None or slots <= kept or slots < 2:
         return None
     if side:
         return kept
-    return 1 - kept if slots == 2 else None
+    return 1 - kept if slots == 2 and not busy else None

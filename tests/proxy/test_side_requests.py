@@ -7,8 +7,10 @@ effect on a real llama-server's prompt cache: bench/side_requests.py."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +88,22 @@ def test_without_a_kept_slot_the_body_is_the_clients(echo_url: str, tmp_path: Pa
         wait_all_ready(proxy, {"echo": 1})
         haiku = sent(proxy, {"model": "claude-haiku-4-5", "max_tokens": 16}, {})
     assert "id_slot" not in haiku
+
+
+def test_a_turn_beside_another_turn_is_not_held_to_the_agents_slot(tmp_path: Path) -> None:
+    """Two turns at once (two agents, or an agent and its sub-agent) on two slots: the first
+    keeps slot 0; the second, pinned there too, would queue inside llama-server beside the idle
+    slot 1, so it goes without an id_slot and llama-server places it."""
+    with (
+        running_backend("echo-body", "--interval", "1.5") as url,
+        proxy_with(url, tmp_path, {"slot": 1}) as proxy,
+    ):
+        wait_all_ready(proxy, {"echo": 1})
+        turn = {"model": "claude-sonnet-4-5", "tools": TOOLS, "max_tokens": 32000}
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(sent, proxy, turn, AGENT)
+            while proxy.get_json("/health")[1]["models"]["echo"]["slots_busy"] == 0:
+                time.sleep(0.02)  # the first turn is in flight
+            second = pool.submit(sent, proxy, turn, {"x-claude-code-session-id": "agent-2"})
+            slots = [first.result().get("id_slot"), second.result().get("id_slot")]
+    assert slots == [0, None]

@@ -251,6 +251,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if behaviour.mode in ("big-body", "stall-mid-body"):
         return await _big_body(request, behaviour)
     if behaviour.mode == "echo-body":
+        await asyncio.sleep(behaviour.interval_s)  # a request in flight for that long
         return web.json_response(_complete_body((await request.read()).decode()))
     if behaviour.mode == "call-tool":
         return await _call_tool(request, body)

@@ -63,11 +63,14 @@ def test_the_shape_rules_each_a_setting() -> None:
 
 
 def test_the_slot_each_request_gets() -> None:
-    assert slot_of(True, 2, ON) == 1 and slot_of(False, 2, ON) == 0
-    assert slot_of(True, 4, ON) == 1 and slot_of(False, 4, ON) is None  # llama-server chooses
-    assert slot_of(True, 1, ON) is None  # one slot: nothing to keep
-    assert slot_of(True, 2, SideRequestSettings()) is None  # no slot kept
-    assert slot_of(True, 2, ON.model_copy(update={"slot": 2})) is None  # no such slot
+    assert slot_of(True, 2, ON, busy=False) == 1 and slot_of(False, 2, ON, busy=False) == 0
+    assert slot_of(True, 2, ON, busy=True) == 1  # a side request waits for its own slot
+    assert slot_of(False, 2, ON, busy=True) is None  # a second turn: llama-server places it
+    assert slot_of(True, 4, ON, busy=False) == 1
+    assert slot_of(False, 4, ON, busy=False) is None  # llama-server chooses
+    assert slot_of(True, 1, ON, busy=False) is None  # one slot: nothing to keep
+    assert slot_of(True, 2, SideRequestSettings(), busy=False) is None  # no slot kept
+    assert slot_of(True, 2, ON.model_copy(update={"slot": 2}), busy=False) is None  # no such slot
 
 
 def test_the_slot_is_spliced_in_first_beside_the_depth() -> None:
