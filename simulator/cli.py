@@ -100,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
         "--preset",
         default="setup-b",
         help=f"calibration preset: {', '.join(bundled_presets())} (simulator/presets/), or a "
-        ".toml path (fast: for tests; the others: published GPU figures)",
+        ".toml path (cpu-gemma3-270m: fitted to a measured CPU run; fast: for tests; the others: "
+        "published GPU figures)",
     )
     p.add_argument("--time-scale", type=float, default=1.0, help="simulated s per wall s")
     p.add_argument("--load-time", type=float, default=0.0, help="seconds of 503 Loading model")

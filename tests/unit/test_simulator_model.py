@@ -314,7 +314,7 @@ def test_tool_results_count_as_code() -> None:
 
 def test_bundled_presets_load() -> None:
     assert set(bundled_presets()) == {
-        "fast", "rtx3090-250w", "setup-a", "setup-b", "setup-b-batched",
+        "cpu-gemma3-270m", "fast", "rtx3090-250w", "setup-a", "setup-b", "setup-b-batched",
     }  # fmt: skip
     for name in bundled_presets():
         assert load_preset(name).name == name
