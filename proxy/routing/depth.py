@@ -22,7 +22,8 @@ holding its cache, and its depth is chosen afresh for each request, in order:
 6. explore: at most ``exploration_rate`` (``cold_exploration_rate`` while cold: placed by the
    rules or by a neighbour's ranking) of the free choices try another depth, untried in the
    class first, then Thompson sampling; at any prompt length (every depth shares the cache),
-   but on long contexts never a depth known to lose much.
+   but on long contexts never a depth known to lose much, and nowhere a depth beyond reach:
+   below what another depth surely reaches here (``_beyond_reach``).
 
 The load level of a request is what will decode beside it: the requests in flight on the
 replica plus itself, or the replica's recent concurrency if higher (so the first request of a
@@ -149,6 +150,17 @@ def decide_depth(
 
 
 _NO_LIMIT = 1 << 62
+EARLY_SAMPLES = 2
+"""Requests of a class at one depth before its speed bounds what another depth must beat: two,
+so that one outlier neither rules a depth out nor in (docs/routing.md, "Exploration")."""
+
+
+def lower_speed(e: Estimate) -> float:
+    """The decode speed a depth reaches with little doubt: its mean less one standard error
+    (the spread floored at ``choice.MIN_SD_FRACTION`` of the mean, as the Thompson draws)."""
+    mean = e.decode_tok_s or 0.0
+    spread = max(e.decode_sd, choice.MIN_SD_FRACTION * mean)
+    return mean - spread / max(e.samples, 1.0) ** 0.5
 
 
 def _beyond_reach(
@@ -161,8 +173,14 @@ def _beyond_reach(
     extra: Mapping[str, tuple[float, float]] | None,
 ) -> set[str]:
     """The unknown depths whose best speed so far, measured at a shorter context (speed never
-    rises with context), is below the best known depth's prediction at ``tokens``."""
-    best = max((e.decode_tok_s or 0.0 for e in known.values()), default=0.0)
+    rises with context), is below what the best depth is known to reach at ``tokens``: a known
+    depth's prediction, or the lower bound of a depth this class has measured a few times
+    (``lower_speed``)."""
+    measured = (lower_speed(e) for e in view_of(cls).values() if e.count >= EARLY_SAMPLES)
+    best = max(
+        max((e.decode_tok_s or 0.0 for e in known.values()), default=0.0),
+        max(measured, default=0.0),
+    )
     if best <= 0:
         return set()
     bound: dict[str, float] = {}
