@@ -27,9 +27,9 @@ reach >= 0.95x static off?
 The report (also --out JSON): first the headline, adaptive / the best static arm per trace;
 then per scenario each class's goodput per arm, the best static arm, adaptive's ratio to it and
 its profiles and reasons; the start-up calibration's verdict; the proxy's class for each trace
-class against the kind it is meant to be. Exit 1 when a request failed. About 25 minutes on two
-cores with the defaults; ``--quick`` (a round of each scenario, 16 tokens, prompts a quarter the
-size) a few minutes.
+class against the kind it is meant to be. Exit 1 when a request failed. 43 minutes with the
+defaults on two cores shared with other benchmarks (load average 6-7); ``--quick`` (a round of
+each scenario, 16 tokens, prompts a quarter the size) a few minutes.
 """
 
 from __future__ import annotations
