@@ -22,8 +22,7 @@ holding its cache, and its depth is chosen afresh for each request, in order:
 6. explore: at most ``exploration_rate`` (``cold_exploration_rate`` while cold: placed by the
    rules or by a neighbour's ranking) of the free choices try another depth, untried in the
    class first, then Thompson sampling; at any prompt length (every depth shares the cache),
-   but on long contexts never a depth known to lose much, nowhere a depth beyond reach, and
-   while cold no depth below what another depth surely reaches here (``_beyond_reach``).
+   but on long contexts never a depth known to lose much.
 
 The load level of a request is what will decode beside it: the requests in flight on the
 replica plus itself, or the replica's recent concurrency if higher (so the first request of a
@@ -34,7 +33,6 @@ at one depth instead: routing.busy). Why: docs/routing.md ("Decision on one proc
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -151,17 +149,6 @@ def decide_depth(
 
 
 _NO_LIMIT = 1 << 62
-EARLY_SAMPLES = 2
-"""Requests of a class at one depth before its speed bounds what another depth must beat: two,
-so that one outlier neither rules a depth out nor in (docs/routing.md, "Exploration")."""
-
-
-def lower_speed(e: Estimate) -> float:
-    """The decode speed a depth reaches with little doubt: its mean less one standard error
-    (the spread floored at ``choice.MIN_SD_FRACTION`` of the mean, as the Thompson draws)."""
-    mean = e.decode_tok_s or 0.0
-    spread = max(e.decode_sd, choice.MIN_SD_FRACTION * mean)
-    return mean - spread / math.sqrt(max(e.samples, 1.0))
 
 
 def _beyond_reach(
@@ -172,29 +159,12 @@ def _beyond_reach(
     settings: RoutingSettings,
     tokens: int,
     extra: Mapping[str, tuple[float, float]] | None,
-) -> tuple[set[str], set[str]]:
+) -> set[str]:
     """The unknown depths whose best speed so far, measured at a shorter context (speed never
-    rises with context), is below the best known depth's prediction at ``tokens``; and those
-    that are not but fall below what a depth this class has run a few times surely reaches
-    (``lower_speed``): settled for a cold class, not worth its trials."""
-    bound = _speed_bounds(view_of, cls, settings, tokens, extra)
+    rises with context), is below the best known depth's prediction at ``tokens``."""
     best = max((e.decode_tok_s or 0.0 for e in known.values()), default=0.0)
-    sure = (lower_speed(e) for e in view_of(cls).values() if e.count >= EARLY_SAMPLES)
-    floor = max(sure, default=0.0)
-    beyond = {p for p in unknown if p in bound and bound[p] < best}
-    settled = {p for p in unknown if p in bound and bound[p] < floor} - beyond
-    return beyond, settled
-
-
-def _speed_bounds(
-    view_of: Callable[[RequestClass], Mapping[str, Estimate]],
-    cls: RequestClass,
-    settings: RoutingSettings,
-    tokens: int,
-    extra: Mapping[str, tuple[float, float]] | None,
-) -> dict[str, float]:
-    """Per depth, the fastest it was measured at a context no longer than ``tokens``: the
-    calibration's alone point, a bucket of the same kind (this class's own included)."""
+    if best <= 0:
+        return set()
     bound: dict[str, float] = {}
     for p, (context, speed) in (extra or {}).items():
         if context <= tokens:
@@ -203,7 +173,7 @@ def _speed_bounds(
         for p, e in view_of(RequestClass(label, cls.kind)).items():
             if e.decode_tok_s and e.context_tokens is not None and e.context_tokens <= tokens:
                 bound[p] = max(bound.get(p, 0.0), e.decode_tok_s)
-    return bound
+    return {p for p in unknown if p in bound and bound[p] < best}
 
 
 def _replica_order(r: Replica) -> tuple[bool, bool, float, str]:
@@ -270,15 +240,14 @@ class _Choice:
         still cold (``cold``)."""
         unknown = [p for p in self.depths if p not in self.known]
         tokens = self.f.est_prompt_tokens
-        self.beyond_reach, self.settled = _beyond_reach(
+        self.beyond_reach = _beyond_reach(
             unknown, self.known, view_of, self.cls, self.s, tokens, extra
         )
         """Depths without an estimate that cannot win here: never faster than where they were
         measured at a shorter context (the alone calibration, a shorter bucket), and that is
         below the best known prediction at this context. Not explored here (docs/routing.md,
-        "Exploration"). Settled: below what a depth of this class surely reaches; a cold class
-        does not try them, the steady exploration still may."""
-        wanted = [p for p in unknown if p not in self.beyond_reach and p not in self.settled]
+        "Exploration")."""
+        wanted = [p for p in unknown if p not in self.beyond_reach]
         self.cold = self.source != self.cls or bool(wanted)
         """Explore at the cold rate: placed by a neighbour's level, or while a depth that could
         win here is not known (no line, fewer than ``min_samples`` of the class's own): it
@@ -334,10 +303,9 @@ class _Choice:
     def explore(self, chosen: str, rng: random.Random) -> str | None:
         """An exploration target, or None (Thompson sampling kept the choice). Untried: without
         an estimate of this class's own or of its context trend."""
-        skipped = self.beyond_reach | (self.settled if self.cold else set())
         return choice.exploration_target(
             chosen,
-            [p for p in self.depths if p not in skipped],
+            [p for p in self.depths if p not in self.beyond_reach],
             self.est,
             self.known,
             long_context=self.f.est_prompt_tokens >= self.s.long_context_tokens,

@@ -391,20 +391,3 @@ def test_after_a_change_alone_the_class_explores_depth_0_again_and_moves_there()
     the cold phase, 3 seeds of these 8 moved only after 34-39 requests, and 2 of 12 never: the
     class settled on min with depth 0 a few requests short of trust, explored at 5 % since."""
     assert all((n := _settles_after_a_change(seed)) is not None and n <= 30 for seed in range(8))
-
-
-def test_a_depth_below_what_another_surely_reaches_is_not_explored() -> None:
-    """Short code alone on a CPU engine: depth 3 measured twice at 70 tok/s, depth 2 once at 50,
-    depth 0 only by the calibration at 45. Depth 3 surely reaches ~66 (mean less one standard
-    error), above anything the other two showed: no cold exploration pays for them, though
-    neither has min_samples yet. With depth 3 measured once, it is not sure yet: they are tried."""
-    settings = RoutingSettings(exploration_rate=0.0, cold_exploration_rate=1.0)
-    code = RequestClass("<4k", "code")
-    points = {"code": {"off": (600.0, 45.0)}}
-    replica = Replica("m/one-process", True, 0, 4, alone_points=points)
-    for max_runs, expected in ((2, ("max", "rule")), (1, ("off", "explore"))):
-        stats = LearnedStats(settings)
-        train(stats, code, "max", 70.0, n=max_runs, context=600)
-        train(stats, code, "min", 50.0, n=1, context=600)
-        d = run(600, "code", replicas=[replica], stats=stats, settings=settings, rng=Draws(0.0))
-        assert (d.profile, d.reason) == expected
