@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
+import platform
 import re
 import sys
 from collections.abc import Sequence
@@ -19,6 +21,7 @@ from supervisor.spec_types import SPEC_TYPES, type_names
 _KNOWN: dict[str, bool] = {
     "-h": False,
     "--help": False,
+    "--version": False,
     "-m": True,
     "--model": True,
     "--host": True,
@@ -78,12 +81,28 @@ def known_args(argv: Sequence[str]) -> list[str]:
     return out
 
 
+class _Version(argparse.Action):
+    """``--version`` in llama-server's words (stderr, ``version:`` and ``built with`` lines)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        try:
+            own = importlib.metadata.version("mtp-proxy")
+        except importlib.metadata.PackageNotFoundError:
+            own = "0"
+        sys.stderr.write(
+            f"version: simulator {own}\nbuilt with Python {platform.python_version()}\n"
+        )
+        parser.exit(0)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m simulator",
         description="A llama-server twin whose speed follows a calibrated model of MTP decoding.",
         allow_abbrev=False,
     )
+    # As llama-server: its build on stderr, then exit (the proxy keys what it learned by it).
+    p.add_argument("--version", action=_Version, nargs=0)
     p.add_argument("-m", "--model", default=None)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)

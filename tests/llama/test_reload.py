@@ -200,4 +200,6 @@ async def test_reload_retries_a_failed_backend_and_adds_a_model(
     assert line["changed"] == [name] and line["added"] == ["second/off"]
     assert status == 200 and headers["X-MTP-Backend"] == "second/off"
     assert models == [MODEL, "second"]
-    assert health == (200, {"status": "ok", "ready_backends": {MODEL: 2, "second": 1}})
+    status, body = health
+    assert (status, body["status"]) == (200, "ok")
+    assert body["ready_backends"] == {MODEL: 2, "second": 1}

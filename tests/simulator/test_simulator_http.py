@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -447,3 +449,19 @@ async def test_official_sdks_parse_the_streams(spec_sim: Sim) -> None:
     assert final.usage.output_tokens == 7 and final.stop_reason == "max_tokens"
     assert final.content[0].type == "text" and final.content[0].text
     await claude.close()
+
+
+def test_version_answers_as_llama_server_does_and_exits() -> None:
+    """`--version` among a launch's flags prints the build in llama-server's words and exits:
+    the proxy reads it to key what it learned (proxy.plans.learned_keys); a twin that started
+    serving instead held the proxy's start for the read's whole timeout."""
+    done = subprocess.run(
+        [sys.executable, "-m", "simulator", "--preset", "setup-b", "-np", "2", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("version: simulator "), done.stderr
+    assert "\nbuilt with Python " in done.stderr
