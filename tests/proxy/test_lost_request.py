@@ -32,6 +32,7 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_to
 SUPERVISOR = {"health_interval_s": 0.2, "health_timeout_s": 0.5, "unhealthy_after_s": 1.0}
 QUEUE_TIMEOUT_S = 20.0  # far past the recheck: a request still waiting then is refused (429)
 ATTEMPTS = 3  # server.retry_before_first_byte's default (2), plus the first
+SENDS = 2  # each attempt: the request, and once more at once on a new connection (forward.py)
 
 
 def one_process_proxy(tmp_path: Path) -> Any:
@@ -60,7 +61,7 @@ async def test_a_request_lost_on_a_healthy_process_is_sent_again(tmp_path: Path)
     with one_process_proxy(tmp_path) as proxy:
         wait_all_ready(proxy, {MODEL: 1})
         async with aiohttp.ClientSession() as session:
-            await drop(session, proxy, 1)
+            await drop(session, proxy, SENDS)  # both sends of the first attempt
             async with session.post(proxy.url + "/v1/chat/completions", json=CHAT) as r:
                 status, answer = r.status, await r.json()
         (line,) = lost(proxy)
@@ -76,7 +77,7 @@ async def test_a_request_lost_on_every_attempt_is_a_502_in_the_apis_shape(tmp_pa
     with one_process_proxy(tmp_path) as proxy:
         wait_all_ready(proxy, {MODEL: 1})
         async with aiohttp.ClientSession() as session:
-            await drop(session, proxy, ATTEMPTS)
+            await drop(session, proxy, ATTEMPTS * SENDS)
             async with session.post(proxy.url + "/v1/chat/completions", json=CHAT) as r:
                 status, answer = r.status, await r.json()
             async with session.post(proxy.url + "/v1/chat/completions", json=CHAT) as r:
@@ -86,3 +87,16 @@ async def test_a_request_lost_on_every_attempt_is_a_502_in_the_apis_shape(tmp_pa
     assert "failed before answering" in answer["error"]["message"]
     assert attempts == ATTEMPTS
     assert after == 200
+
+
+async def test_one_request_lost_is_sent_again_at_once(tmp_path: Path) -> None:
+    """One loss (the keep-alive race's shape) is sent again at once on a new connection: no
+    attempt fails, so nothing waits for the process's recheck."""
+    with one_process_proxy(tmp_path) as proxy:
+        wait_all_ready(proxy, {MODEL: 1})
+        async with aiohttp.ClientSession() as session:
+            await drop(session, proxy, 1)
+            async with session.post(proxy.url + "/v1/chat/completions", json=CHAT) as r:
+                status = r.status
+        assert status == 200
+        assert lost(proxy) == []
