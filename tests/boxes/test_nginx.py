@@ -15,7 +15,9 @@ from tests.support.boxes import MODEL, Balancer, behind, kill
 from tests.support.harness import ProxyProcess
 
 CHAT = [{"role": "user", "content": "Tell me about lighthouses."}]
-SESSIONS = [f"session-{n}" for n in range(7)]  # odd: round robin would move them
+# Odd, so that round robin would move them; 15, so that a hash ring that favours one box
+# still puts a session on the other (seven all landed on one box in one run in a hundred).
+SESSIONS = [f"session-{n}" for n in range(15)]
 
 
 @pytest.fixture(scope="module")

@@ -259,10 +259,18 @@ def test_each_pool_process_runs_its_profiles_depth(proxy: ProxyProcess, sent: li
         assert row["last request"].startswith(f"{profile} (depth {depths[profile]}), ")
 
 
+# `mtp-proxy` with Ctrl-C as at a terminal: a suite started in the background inherits SIGINT
+# ignored (what a shell does to its background jobs), and the child then never hears it.
+_INTERRUPTIBLE = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'mtp-proxy'; runpy.run_module('proxy.cli', run_name='__main__')"
+)
+
+
 def watch(*args: str, frames: int, timeout: float = 30.0) -> tuple[str, int, str]:
     """Run `status --watch`, wait for `frames` redraws, press Ctrl-C: (stdout, code, stderr)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", "status", *args],
+        [sys.executable, "-c", _INTERRUPTIBLE, "status", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
