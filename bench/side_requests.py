@@ -101,34 +101,23 @@ def side_requests(k: int, system: str) -> list[dict[str, Any]]:
     choice by prompt similarity puts it in the agent's slot, and it keeps only the system
     prompt there). A side request that carries the whole conversation would extend the agent's
     prefix instead: it costs its own prompt, not the next turn's."""
-    title = {
+    return [
+        _haiku("Write a 3-7 word title for this conversation.",
+               f"Fix the failing test in the cache module (turn {k}).", 32),
+        _haiku("Answer yes or no: does this message start a new topic?",
+               f"Now look at the next failure, number {k}.", 8),
+        _haiku(system, f"Which files does step {k} touch? One line.", 16),
+    ]  # fmt: skip
+
+
+def _haiku(system: str, user: str, max_tokens: int) -> dict[str, Any]:
+    """A greedy claude-haiku-* request, as Claude Code's side calls are named."""
+    return {
         "model": "claude-haiku-4-5-20251001",
-        "messages": [
-            {"role": "system", "content": "Write a 3-7 word title for this conversation."},
-            {"role": "user", "content": f"Fix the failing test in the cache module (turn {k})."},
-        ],
-        "max_tokens": 32,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": max_tokens,
         "temperature": 0,
     }
-    check = {
-        "model": "claude-haiku-4-5-20251001",
-        "messages": [
-            {"role": "system", "content": "Answer yes or no: does this message start a new topic?"},
-            {"role": "user", "content": f"Now look at the next failure, number {k}."},
-        ],
-        "max_tokens": 8,
-        "temperature": 0,
-    }
-    helper = {
-        "model": "claude-haiku-4-5-20251001",
-        "messages": [
-            {"role": "system", "content": system},
-            {"role": "user", "content": f"Which files does step {k} touch? One line."},
-        ],
-        "max_tokens": 16,
-        "temperature": 0,
-    }
-    return [title, check, helper]
 
 
 def post(url: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
